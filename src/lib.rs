@@ -1,0 +1,15 @@
+//! wmo-e2b: run AI-agent episodes inside sandboxes while the host keeps the credentials.
+//!
+//! The binary (`src/main.rs`, `src/commands/`) only parses, wires and prints; everything a
+//! test needs to reach lives in these modules.
+
+pub mod cancel;
+pub mod channel;
+pub mod environment;
+pub mod episode;
+pub mod eval;
+pub mod provider;
+pub mod runner;
+pub mod sandbox;
+pub mod state;
+pub mod task;

@@ -1,0 +1,312 @@
+//! The sandbox seam: what every backend offers, and the error classes callers act on.
+//!
+//! Everything above this module (runner bootstrap, channel, pool, environment, projects) is
+//! written against [`Sandbox`] and [`Backend`] only, so the same code drives local process
+//! sandboxes and E2B microVMs. Paths handed to a sandbox are absolute paths built from
+//! [`Sandbox::home`].
+
+pub mod local;
+pub mod pool;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+
+/// Metadata attached to a sandbox at create time and used as a list filter.
+pub type Metadata = BTreeMap<String, String>;
+
+/// How a sandbox error should be handled, decided where the error is born.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The connection or the process stream failed; a fresh sandbox may succeed.
+    Transport,
+    /// The backend has no room right now (429, 5xx, a full host); retry later.
+    Capacity,
+    /// The sandbox (or process) no longer exists.
+    Gone,
+    /// Credentials were refused.
+    Auth,
+    /// The request itself is wrong; retrying cannot help.
+    BadRequest,
+    /// The backend cannot do this at all on this host.
+    Unsupported,
+}
+
+/// A failure of a sandbox or backend operation.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("sandbox {id} is gone")]
+    Gone { id: String },
+    #[error("process {pid} is not running in sandbox {id}")]
+    NoSuchProcess { id: String, pid: u32 },
+    #[error("{what} failed in sandbox {id}")]
+    Io {
+        id: String,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("path {path:?} is not allowed: {reason}")]
+    BadPath { path: String, reason: &'static str },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{message}")]
+    Remote {
+        class: ErrorClass,
+        message: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+impl SandboxError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            SandboxError::Gone { .. } | SandboxError::NoSuchProcess { .. } => ErrorClass::Gone,
+            SandboxError::Io { .. } => ErrorClass::Transport,
+            SandboxError::BadPath { .. } => ErrorClass::BadRequest,
+            SandboxError::Unsupported(_) => ErrorClass::Unsupported,
+            SandboxError::Remote { class, .. } => *class,
+        }
+    }
+
+    /// Whether a fresh sandbox might succeed where this one failed.
+    pub fn is_transport(&self) -> bool {
+        matches!(
+            self.class(),
+            ErrorClass::Transport | ErrorClass::Gone | ErrorClass::Capacity
+        )
+    }
+}
+
+pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
+
+/// Options for a foreground command.
+#[derive(Debug, Clone)]
+pub struct RunOpts {
+    /// Working directory (absolute); `None` means `home()`.
+    pub cwd: Option<String>,
+    pub envs: Vec<(String, String)>,
+    /// The process group is killed when this passes.
+    pub timeout: Duration,
+    /// Bytes kept per stream, as head + tail; the middle is counted, not kept.
+    pub max_output: usize,
+}
+
+impl Default for RunOpts {
+    fn default() -> Self {
+        RunOpts {
+            cwd: None,
+            envs: Vec::new(),
+            timeout: Duration::from_secs(60),
+            max_output: 1 << 20,
+        }
+    }
+}
+
+/// A stream captured with a bound: the first and last `max/2` bytes, and how much was dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Captured {
+    pub head: Vec<u8>,
+    pub tail: Vec<u8>,
+    pub dropped: u64,
+}
+
+impl Captured {
+    /// Keeps at most `max` bytes of everything pushed through it.
+    pub fn push(&mut self, data: &[u8], max: usize) {
+        let half = max / 2;
+        let mut data = data;
+        if self.head.len() < half {
+            let take = (half - self.head.len()).min(data.len());
+            self.head.extend_from_slice(&data[..take]);
+            data = &data[take..];
+        }
+        if data.is_empty() {
+            return;
+        }
+        self.tail.extend_from_slice(data);
+        let keep = max - half;
+        if self.tail.len() > keep {
+            let excess = self.tail.len() - keep;
+            self.tail.drain(..excess);
+            self.dropped += excess as u64;
+        }
+    }
+
+    /// The captured text with a marker where bytes were dropped.
+    pub fn to_text(&self) -> String {
+        let mut out = String::from_utf8_lossy(&self.head).into_owned();
+        if self.dropped > 0 {
+            out.push_str(&format!("\n... [{} bytes truncated] ...\n", self.dropped));
+        }
+        out.push_str(&String::from_utf8_lossy(&self.tail));
+        out
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.head.is_empty() && self.tail.is_empty()
+    }
+}
+
+/// The result of a foreground command. A non-zero exit is a result, not an error.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    /// `None` when the process was killed by a signal (including the timeout).
+    pub exit_code: Option<i32>,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    pub timed_out: bool,
+}
+
+/// Options for a background process.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnOpts {
+    pub cwd: Option<String>,
+    pub envs: Vec<(String, String)>,
+    /// Keep stdin open so the caller can `send_stdin`.
+    pub stdin: bool,
+}
+
+/// What a background process reports, in order, on its event channel.
+#[derive(Debug)]
+pub enum ProcessEvent {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    /// The process ended; `None` means killed by a signal.
+    Exit(Option<i32>),
+    /// The stream to the process failed; no more events follow.
+    Failed(SandboxError),
+}
+
+/// A handle on a background process: its pid and the events of its output stream.
+pub struct Process {
+    pub pid: u32,
+    pub events: Receiver<ProcessEvent>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub cmd: String,
+}
+
+/// One live sandbox. Methods block; none of them waits without a bound.
+pub trait Sandbox: Send + Sync {
+    fn id(&self) -> &str;
+    /// The absolute directory user files live under ("/home/user" on E2B).
+    fn home(&self) -> &str;
+    fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output>;
+    fn spawn(&self, cmd: &str, opts: &SpawnOpts) -> Result<Process>;
+    fn connect(&self, pid: u32) -> Result<Process>;
+    fn send_stdin(&self, pid: u32, data: &[u8]) -> Result<()>;
+    fn close_stdin(&self, pid: u32) -> Result<()>;
+    fn processes(&self) -> Result<Vec<ProcessInfo>>;
+    fn kill_process(&self, pid: u32) -> Result<()>;
+    fn read_file(&self, path: &str) -> Result<Vec<u8>>;
+    fn write_file(&self, path: &str, data: &[u8]) -> Result<()>;
+    /// Moves the deadline to `secs` from now.
+    fn set_timeout(&self, secs: u64) -> Result<()>;
+    fn set_internet(&self, allowed: bool) -> Result<()>;
+}
+
+/// What a new sandbox should be.
+#[derive(Debug, Clone, Default)]
+pub struct CreateSpec {
+    pub template: Option<String>,
+    pub timeout_secs: u64,
+    pub metadata: Metadata,
+    pub envs: Vec<(String, String)>,
+    pub internet: bool,
+}
+
+/// A sandbox as a list call reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxSummary {
+    pub id: String,
+    pub template: Option<String>,
+    pub metadata: Metadata,
+    /// Unix seconds.
+    pub created: u64,
+    /// Unix seconds.
+    pub deadline: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Killed {
+    Now,
+    AlreadyGone,
+}
+
+pub trait Backend: Send + Sync {
+    /// A short name for messages and metadata ("local", "e2b").
+    fn name(&self) -> &'static str;
+    fn create(&self, spec: &CreateSpec) -> Result<Arc<dyn Sandbox>>;
+    fn connect(&self, id: &str) -> Result<Arc<dyn Sandbox>>;
+    /// Live sandboxes whose metadata holds every pair of `filter`.
+    fn list(&self, filter: &Metadata) -> Result<Vec<SandboxSummary>>;
+    fn kill(&self, id: &str) -> Result<Killed>;
+}
+
+/// Joins `rel` under `base`, refusing absolute paths, `..`, and empty components that would
+/// let a caller escape `base`.
+pub fn contained_path(base: &str, rel: &str) -> Result<String> {
+    let bad = |reason| SandboxError::BadPath {
+        path: rel.to_string(),
+        reason,
+    };
+    if rel.is_empty() {
+        return Err(bad("the path is empty"));
+    }
+    if rel.starts_with('/') {
+        return Err(bad("absolute paths are not allowed"));
+    }
+    if rel.contains('\0') {
+        return Err(bad("the path contains a NUL byte"));
+    }
+    let mut parts = Vec::new();
+    for part in rel.split('/') {
+        match part {
+            "" | "." => continue,
+            ".." => return Err(bad("'..' is not allowed")),
+            p => parts.push(p),
+        }
+    }
+    if parts.is_empty() {
+        return Err(bad("the path names no file"));
+    }
+    Ok(format!("{}/{}", base.trim_end_matches('/'), parts.join("/")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captured_keeps_head_and_tail() {
+        let mut c = Captured::default();
+        c.push(b"0123456789", 6);
+        c.push(b"abcdef", 6);
+        assert_eq!(c.head, b"012");
+        assert_eq!(c.tail, b"def");
+        assert_eq!(c.dropped, 10);
+        assert!(c.to_text().contains("[10 bytes truncated]"));
+    }
+
+    #[test]
+    fn captured_small_output_is_whole() {
+        let mut c = Captured::default();
+        c.push(b"hi\n", 100);
+        assert_eq!(c.to_text(), "hi\n");
+    }
+
+    #[test]
+    fn contained_path_rejects_escapes() {
+        assert_eq!(contained_path("/h/w", "a/./b").unwrap(), "/h/w/a/b");
+        for bad in ["", "/etc/passwd", "../x", "a/../../x", ".", "a\0b"] {
+            assert!(contained_path("/h/w", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! Tasks files: JSON Lines, one task per line, validated whole before any sandbox starts.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// One step of a task's `model_script`: what the scripted model answers to one call.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptStep {
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Vec<ScriptedToolCall>,
+    /// The scripted model waits this long before answering.
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    /// The call fails with this message instead of answering.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Overrides the finish reason (for example "length" to test truncation).
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedToolCall {
+    pub name: String,
+    /// An object, or a string holding (possibly malformed) JSON, sent as-is.
+    #[serde(default = "empty_object")]
+    pub arguments: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Map::new())
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Task {
+    pub id: String,
+    pub instruction: String,
+    /// Workspace-relative path to content, written before `setup` runs.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    #[serde(default)]
+    pub setup: Option<String>,
+    #[serde(default)]
+    pub verify: Option<String>,
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+    #[serde(default)]
+    pub max_turns: Option<u32>,
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+    #[serde(default)]
+    pub model_script: Option<Vec<ScriptStep>>,
+}
+
+/// A task that cannot be run, named by file and line.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("cannot read tasks file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{path}: the file holds no tasks")]
+    Empty { path: PathBuf },
+}
+
+/// Reads and validates every line; the first bad line is the error.
+pub fn load_tasks(path: &Path) -> Result<Vec<Task>, TaskError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TaskError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_tasks(path, &text)
+}
+
+pub fn parse_tasks(path: &Path, text: &str) -> Result<Vec<Task>, TaskError> {
+    let mut tasks = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i + 1;
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with("//") {
+            continue;
+        }
+        let invalid = |message: String| TaskError::Invalid {
+            path: path.to_path_buf(),
+            line: line_no,
+            message,
+        };
+        let task: Task = serde_json::from_str(trimmed).map_err(|e| invalid(describe_json_error(&e)))?;
+        validate(&task).map_err(invalid)?;
+        if !seen.insert(task.id.clone()) {
+            return Err(invalid(format!(
+                "field `id`: duplicate task id {:?} (ids must be unique)",
+                task.id
+            )));
+        }
+        tasks.push(task);
+    }
+    if tasks.is_empty() {
+        return Err(TaskError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(tasks)
+}
+
+fn describe_json_error(e: &serde_json::Error) -> String {
+    // serde's messages already name the field ("missing field `id`", "unknown field `x`");
+    // the column helps with long lines.
+    format!("{} (column {})", strip_position(&e.to_string()), e.column())
+}
+
+fn strip_position(msg: &str) -> &str {
+    msg.find(" at line ").map_or(msg, |i| &msg[..i])
+}
+
+fn validate(task: &Task) -> Result<(), String> {
+    if task.id.trim().is_empty() {
+        return Err("field `id`: must not be empty".into());
+    }
+    if task.id.len() > 200 || task.id.chars().any(|c| c.is_control() || c == '/' || c == '\\') {
+        return Err(format!(
+            "field `id`: {:?} must be at most 200 characters with no control characters or slashes (it names a transcript file)",
+            task.id
+        ));
+    }
+    if task.instruction.trim().is_empty() {
+        return Err("field `instruction`: must not be empty".into());
+    }
+    for path in task.files.keys() {
+        crate::sandbox::contained_path("/w", path)
+            .map_err(|e| format!("field `files`: {e}"))?;
+    }
+    if let Some(t) = task.timeout_s {
+        if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
+            return Err(format!(
+                "field `timeout_s`: {t} must be a number of seconds in (0, 86400]"
+            ));
+        }
+    }
+    if task.max_turns == Some(0) {
+        return Err("field `max_turns`: must be at least 1".into());
+    }
+    if let Some(script) = &task.model_script {
+        for (i, step) in script.iter().enumerate() {
+            for call in &step.tool_calls {
+                if call.name.is_empty() {
+                    return Err(format!(
+                        "field `model_script[{i}].tool_calls`: a tool call has an empty name"
+                    ));
+                }
+                if !(call.arguments.is_object() || call.arguments.is_string()) {
+                    return Err(format!(
+                        "field `model_script[{i}].tool_calls`: arguments of {:?} must be an object or a JSON string",
+                        call.name
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A stable shard for `--shard I/N`: FNV-1a of the id, so every host agrees without
+/// coordination and the split does not change between Rust versions.
+pub fn shard_of(id: &str, shards: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(shards.max(1))) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Vec<Task>, TaskError> {
+        parse_tasks(Path::new("t.jsonl"), text)
+    }
+
+    #[test]
+    fn parses_full_task() {
+        let t = parse(
+            r#"{"id":"a","instruction":"do","files":{"in.txt":"3"},"verify":"true","model_script":[{"tool_calls":[{"name":"submit","arguments":{"answer":"x"}}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].model_script.as_ref().unwrap()[0].tool_calls[0].name, "submit");
+    }
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        let e = parse("{\"id\":\"a\",\"instruction\":\"x\"}\n\n{\"instruction\":\"y\"}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("t.jsonl:3:"), "{e}");
+        assert!(e.contains("`id`"), "{e}");
+
+        let e = parse("{\"id\":\"a\",\"instruction\":\"x\"}\n{\"id\":\"a\",\"instruction\":\"y\"}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("t.jsonl:2:") && e.contains("duplicate"), "{e}");
+
+        let e = parse("{not json").unwrap_err().to_string();
+        assert!(e.starts_with("t.jsonl:1:"), "{e}");
+
+        let e = parse(r#"{"id":"a","instruction":"x","files":{"../x":""}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`files`") && e.contains(".."), "{e}");
+
+        let e = parse(r#"{"id":"a","instruction":"x","timeout_s":-1}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`timeout_s`"), "{e}");
+
+        let e = parse(r#"{"id":"a","instruction":"x","bogus":1}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bogus"), "{e}");
+
+        assert!(matches!(parse("\n\n"), Err(TaskError::Empty { .. })));
+    }
+
+    #[test]
+    fn shards_are_stable_and_cover_everything() {
+        assert_eq!(shard_of("add", 4), shard_of("add", 4));
+        let ids: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
+        let counts = (0..4)
+            .map(|s| ids.iter().filter(|id| shard_of(id, 4) == s).count())
+            .collect::<Vec<_>>();
+        assert_eq!(counts.iter().sum::<usize>(), 100);
+        assert!(counts.iter().all(|&c| c > 10), "{counts:?}");
+    }
+}
