@@ -9,6 +9,7 @@ pub mod environment;
 pub mod episode;
 pub mod eval;
 pub mod provider;
+pub mod report;
 pub mod runner;
 pub mod sandbox;
 pub mod state;

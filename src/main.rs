@@ -1,1 +1,44 @@
-fn main() {}
+//! The `wmo-e2b` command line: argument parsing and dispatch only.
+
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Run AI-agent episodes inside sandboxes; the host keeps the credentials and answers every
+/// model and tool call.
+///
+/// Exit codes: 0 every task passed; 1 the run finished but some task failed or errored;
+/// 2 bad usage or input (options, tasks file); 3 infrastructure failure (a backend that
+/// cannot start, results that cannot be written, sandboxes whose kill could not be proven);
+/// 130 interrupted (Ctrl-C).
+#[derive(Parser)]
+#[command(name = "wmo-e2b", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a tasks file (JSON Lines) in pooled sandboxes and write results as they finish.
+    Eval(commands::eval::EvalArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Eval(args) => commands::eval::run(args),
+    };
+    match result {
+        Ok(code) => code.into(),
+        Err(err) => {
+            eprintln!("error: {err}");
+            for cause in err.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            commands::exit_code_of(&err).into()
+        }
+    }
+}

@@ -102,7 +102,7 @@ pub fn parse_tasks(path: &Path, text: &str) -> Result<Vec<Task>, TaskError> {
             line: line_no,
             message,
         };
-        let task: Task = serde_json::from_str(trimmed).map_err(|e| invalid(describe_json_error(&e)))?;
+        let task: Task = parse_line(trimmed).map_err(invalid)?;
         validate(&task).map_err(invalid)?;
         if !seen.insert(task.id.clone()) {
             return Err(invalid(format!(
@@ -120,10 +120,24 @@ pub fn parse_tasks(path: &Path, text: &str) -> Result<Vec<Task>, TaskError> {
     Ok(tasks)
 }
 
-fn describe_json_error(e: &serde_json::Error) -> String {
-    // serde's messages already name the field ("missing field `id`", "unknown field `x`");
-    // the column helps with long lines.
-    format!("{} (column {})", strip_position(&e.to_string()), e.column())
+/// Parses one line, naming the field at fault (serde alone says "invalid type" without
+/// saying where).
+fn parse_line(line: &str) -> Result<Task, String> {
+    let de = &mut serde_json::Deserializer::from_str(line);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let msg = format!(
+            "{} (column {})",
+            strip_position(&inner.to_string()),
+            inner.column()
+        );
+        if path == "." || path.is_empty() {
+            msg
+        } else {
+            format!("field `{path}`: {msg}")
+        }
+    })
 }
 
 fn strip_position(msg: &str) -> &str {
@@ -134,7 +148,12 @@ fn validate(task: &Task) -> Result<(), String> {
     if task.id.trim().is_empty() {
         return Err("field `id`: must not be empty".into());
     }
-    if task.id.len() > 200 || task.id.chars().any(|c| c.is_control() || c == '/' || c == '\\') {
+    if task.id.len() > 200
+        || task
+            .id
+            .chars()
+            .any(|c| c.is_control() || c == '/' || c == '\\')
+    {
         return Err(format!(
             "field `id`: {:?} must be at most 200 characters with no control characters or slashes (it names a transcript file)",
             task.id
@@ -144,8 +163,7 @@ fn validate(task: &Task) -> Result<(), String> {
         return Err("field `instruction`: must not be empty".into());
     }
     for path in task.files.keys() {
-        crate::sandbox::contained_path("/w", path)
-            .map_err(|e| format!("field `files`: {e}"))?;
+        crate::sandbox::contained_path("/w", path).map_err(|e| format!("field `files`: {e}"))?;
     }
     if let Some(t) = task.timeout_s {
         if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
@@ -203,7 +221,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.len(), 1);
-        assert_eq!(t[0].model_script.as_ref().unwrap()[0].tool_calls[0].name, "submit");
+        assert_eq!(
+            t[0].model_script.as_ref().unwrap()[0].tool_calls[0].name,
+            "submit"
+        );
     }
 
     #[test]

@@ -12,9 +12,6 @@ use serde_json::Value;
 use crate::cancel::CancelToken;
 use crate::task::Task;
 
-
-
-
 /// Tokens a provider reported for one call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -62,6 +59,9 @@ pub enum ProviderError {
         #[source]
         last: Box<ProviderError>,
     },
+    /// The runner's request cannot be sent as is (it comes from the sandbox, so it is checked).
+    #[error("the model request is not valid: {detail}")]
+    InvalidRequest { detail: String },
     #[error("scripted model error: {0}")]
     Scripted(String),
     #[error("the model call was cancelled")]

@@ -1,1 +1,376 @@
-//! placeholder
+//! The local backend: sandboxes are directories on this machine and processes run as the
+//! current user, each `bash -c` in its own process group. It is **not a security boundary**:
+//! sandboxed code sees the host's filesystem, users and (unless locked) network; only the
+//! environment is scrubbed and the files API is confined (lexically) to the sandbox home.
+//!
+//! Layout, under `<state>/sandboxes/`:
+//!
+//! ```text
+//! <id>/meta.json     id, created, deadline, metadata, template, internet, owner_pid, envs
+//! <id>/procs/<pid>   one per started process: its start time, then its command
+//! <id>/root/         the sandbox's home()
+//! .dead-<id>-<rand>  a sandbox being killed (see `teardown`)
+//! .new-<id>          a sandbox being created
+//! ```
+//!
+//! Lifetimes: a sandbox dies at its deadline. Every `LocalBackend::open` (so every wmo-e2b
+//! command) sweeps expired sandboxes, each backend runs a watcher thread that kills its own
+//! sandboxes when their deadline passes, and any call on an expired sandbox kills it. Killing
+//! a sandbox kills every process group it started, whichever wmo-e2b process started it.
+
+mod meta;
+mod process;
+mod sandbox;
+mod sys;
+mod teardown;
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+
+pub use sandbox::LocalSandbox;
+
+use self::meta::{Meta, MetaError, PROCS_DIR, ROOT_DIR};
+use self::sandbox::SandboxState;
+use self::teardown::{STAGING_PREFIX, TOMB_PREFIX};
+use super::{
+    Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
+    SandboxSummary,
+};
+
+/// How often the watcher looks for sandboxes whose deadline passed.
+const WATCH_PERIOD: Duration = Duration::from_millis(250);
+/// A `.new-` directory this old belongs to a create that crashed.
+const STALE_STAGING: Duration = Duration::from_secs(600);
+
+/// Locks a mutex, taking over the data if a panicking thread poisoned it: every structure
+/// guarded here stays consistent between statements.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Process sandboxes on this machine, kept under a state directory.
+pub struct LocalBackend {
+    shared: Arc<Shared>,
+    /// Dropping it stops the watcher.
+    stop: Option<Sender<()>>,
+    watcher: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    /// `<state>/sandboxes`, absolute.
+    sandboxes: PathBuf,
+    /// `sandboxes` as text, the prefix of every `home()`.
+    sandboxes_str: String,
+    /// Sandboxes this backend created or connected to, so every handle on one shares its
+    /// process table and the watcher knows what to expire.
+    registry: Mutex<HashMap<String, Arc<SandboxState>>>,
+}
+
+impl LocalBackend {
+    /// Opens (creating if needed) the local backend under `state_dir`, sweeps every expired
+    /// sandbox, and starts the expiry watcher.
+    pub fn open(state_dir: &Path) -> Result<Arc<LocalBackend>> {
+        let unusable = |path: &Path, e: io::Error| SandboxError::Remote {
+            class: ErrorClass::Unsupported,
+            message: format!("cannot use {} for local sandboxes", path.display()),
+            source: Some(Box::new(e)),
+        };
+        let dir = state_dir.join("sandboxes");
+        meta::private_dir_all(&dir).map_err(|e| unusable(&dir, e))?;
+        let sandboxes = fs::canonicalize(&dir).map_err(|e| unusable(&dir, e))?;
+        let Some(sandboxes_str) = sandboxes.to_str().map(str::to_string) else {
+            return Err(SandboxError::Unsupported(format!(
+                "the local backend needs a UTF-8 state directory; {} is not",
+                sandboxes.display()
+            )));
+        };
+        let shared = Arc::new(Shared {
+            sandboxes,
+            sandboxes_str,
+            registry: Mutex::default(),
+        });
+        shared.sweep();
+        let (stop, stopped) = bounded(0);
+        let watched = Arc::clone(&shared);
+        let watcher = std::thread::Builder::new()
+            .name("lsb-watcher".into())
+            .spawn(move || watch(&watched, &stopped))
+            .map_err(|e| unusable(&shared.sandboxes, e))?;
+        Ok(Arc::new(LocalBackend {
+            shared,
+            stop: Some(stop),
+            watcher: Some(watcher),
+        }))
+    }
+
+    /// `<state>/sandboxes`.
+    pub fn sandboxes_dir(&self) -> &Path {
+        &self.shared.sandboxes
+    }
+
+    /// Kills every sandbox past its deadline, whoever created it; returns how many.
+    pub fn sweep_expired(&self) -> usize {
+        self.shared.sweep()
+    }
+
+    /// Creates a sandbox and returns its concrete handle.
+    pub fn create_local(&self, spec: &CreateSpec) -> Result<Arc<LocalSandbox>> {
+        if !spec.internet {
+            sys::netlock_flag()?;
+        }
+        let id = meta::new_id().map_err(|e| SandboxError::Io {
+            id: String::new(),
+            what: "choosing a sandbox id".into(),
+            source: e,
+        })?;
+        let io_error = |what: &str, source| SandboxError::Io {
+            id: id.clone(),
+            what: what.to_string(),
+            source,
+        };
+        let now = meta::now_ms() / 1000;
+        let m = Meta {
+            id: id.clone(),
+            created: now,
+            deadline: meta::deadline_after(spec.timeout_secs),
+            metadata: spec.metadata.clone(),
+            template: spec.template.clone(),
+            internet: spec.internet,
+            owner_pid: std::process::id(),
+            envs: spec.envs.clone(),
+        };
+        // Built aside and renamed into place, so no reader ever sees half a sandbox.
+        let staging = self.shared.sandboxes.join(format!("{STAGING_PREFIX}{id}"));
+        let built = (|| {
+            meta::private_dir(&staging)?;
+            meta::private_dir(&staging.join(ROOT_DIR))?;
+            meta::private_dir(&staging.join(PROCS_DIR))?;
+            meta::write_meta(&staging, &m)?;
+            fs::rename(&staging, self.shared.sandboxes.join(&id))
+        })();
+        if let Err(e) = built {
+            let _ = fs::remove_dir_all(&staging);
+            return Err(io_error("creating the sandbox directory", e));
+        }
+        let state = Arc::new(SandboxState::new(
+            &self.shared.sandboxes,
+            &self.shared.sandboxes_str,
+            &m,
+        ));
+        lock(&self.shared.registry).insert(id, Arc::clone(&state));
+        Ok(Arc::new(LocalSandbox { state }))
+    }
+
+    /// Opens an existing sandbox by id and returns its concrete handle.
+    pub fn connect_local(&self, id: &str) -> Result<Arc<LocalSandbox>> {
+        check_id(id)?;
+        if let Some(state) = self.shared.registered(id) {
+            state.ensure_live()?;
+            return Ok(Arc::new(LocalSandbox { state }));
+        }
+        let gone = || SandboxError::Gone { id: id.to_string() };
+        let m = match meta::read_meta(&self.shared.sandboxes.join(id)) {
+            Ok(m) if m.id == id => m,
+            Ok(_) | Err(MetaError::Missing) => return Err(gone()),
+            Err(MetaError::Corrupt(source) | MetaError::Io(source)) => {
+                return Err(SandboxError::Io {
+                    id: id.to_string(),
+                    what: "reading meta.json".into(),
+                    source,
+                })
+            }
+        };
+        if m.expired_at(meta::now_ms()) {
+            self.shared.destroy(id)?;
+            return Err(gone());
+        }
+        let fresh = SandboxState::new(&self.shared.sandboxes, &self.shared.sandboxes_str, &m);
+        let state = {
+            let mut registry = lock(&self.shared.registry);
+            // Another thread may have connected meanwhile; share its state (and process table).
+            let slot = registry
+                .entry(id.to_string())
+                .or_insert_with(|| Arc::new(fresh));
+            Arc::clone(slot)
+        };
+        state.ensure_live()?;
+        Ok(Arc::new(LocalSandbox { state }))
+    }
+}
+
+impl Drop for LocalBackend {
+    fn drop(&mut self) {
+        self.stop.take();
+        if let Some(watcher) = self.watcher.take() {
+            // The watcher wakes at once on the disconnect; a tick in progress is bounded.
+            let _ = watcher.join();
+        }
+    }
+}
+
+impl Backend for LocalBackend {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn create(&self, spec: &CreateSpec) -> Result<Arc<dyn Sandbox>> {
+        Ok(self.create_local(spec)?)
+    }
+
+    fn connect(&self, id: &str) -> Result<Arc<dyn Sandbox>> {
+        Ok(self.connect_local(id)?)
+    }
+
+    fn list(&self, filter: &Metadata) -> Result<Vec<SandboxSummary>> {
+        let entries = fs::read_dir(&self.shared.sandboxes).map_err(|source| SandboxError::Io {
+            id: String::new(),
+            what: format!("listing {}", self.shared.sandboxes.display()),
+            source,
+        })?;
+        let now = meta::now_ms();
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let Some(id) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if !meta::is_id(&id) {
+                continue;
+            }
+            // Torn, corrupt or vanished meta: not a sandbox we can describe; skip it.
+            let Ok(m) = meta::read_meta(&entry.path()) else {
+                continue;
+            };
+            if m.id != id {
+                continue;
+            }
+            if m.expired_at(now) {
+                // Swept by any command; a failure is retried by the next one.
+                let _ = self.shared.destroy(&id);
+                continue;
+            }
+            if filter.iter().all(|(k, v)| m.metadata.get(k) == Some(v)) {
+                out.push(SandboxSummary {
+                    id: m.id,
+                    template: m.template,
+                    metadata: m.metadata,
+                    created: m.created,
+                    deadline: m.deadline,
+                });
+            }
+        }
+        out.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
+        Ok(out)
+    }
+
+    fn kill(&self, id: &str) -> Result<Killed> {
+        check_id(id)?;
+        self.shared.destroy(id)
+    }
+}
+
+fn check_id(id: &str) -> Result<()> {
+    if meta::is_id(id) {
+        Ok(())
+    } else {
+        Err(SandboxError::Remote {
+            class: ErrorClass::BadRequest,
+            message: format!("{id:?} is not a local sandbox id"),
+            source: None,
+        })
+    }
+}
+
+impl Shared {
+    fn registered(&self, id: &str) -> Option<Arc<SandboxState>> {
+        lock(&self.registry)
+            .get(id)
+            .filter(|s| !s.is_gone())
+            .cloned()
+    }
+
+    fn destroy(&self, id: &str) -> Result<Killed> {
+        let state = lock(&self.registry).remove(id);
+        match state {
+            Some(state) => state.destroy(),
+            None => Ok(if teardown::destroy_dir(&self.sandboxes, id)? {
+                Killed::Now
+            } else {
+                Killed::AlreadyGone
+            }),
+        }
+    }
+
+    /// Kills expired sandboxes, finishes interrupted kills, removes crashed creates. Errors
+    /// are skipped: whatever is left is retried by the next sweep.
+    fn sweep(&self) -> usize {
+        let Ok(entries) = fs::read_dir(&self.sandboxes) else {
+            return 0;
+        };
+        let now = meta::now_ms();
+        let mut swept = 0;
+        for entry in entries.flatten() {
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            let path = entry.path();
+            if name.starts_with(TOMB_PREFIX) {
+                let _ = teardown::finish_burial(&path, &name, None);
+            } else if name.starts_with(STAGING_PREFIX) {
+                let stale = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > STALE_STAGING);
+                if stale {
+                    let _ = fs::remove_dir_all(&path);
+                }
+            } else if meta::is_id(&name) {
+                let expired = meta::read_meta(&path).is_ok_and(|m| m.expired_at(now));
+                if expired && matches!(self.destroy(&name), Ok(Killed::Now)) {
+                    swept += 1;
+                }
+            }
+        }
+        swept
+    }
+}
+
+/// Kills this backend's sandboxes when their deadline passes, until the backend is dropped.
+fn watch(shared: &Shared, stop: &Receiver<()>) {
+    loop {
+        match stop.recv_timeout(WATCH_PERIOD) {
+            Err(RecvTimeoutError::Timeout) => {}
+            // Disconnected: the backend was dropped.
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let states: Vec<Arc<SandboxState>> = lock(&shared.registry).values().cloned().collect();
+        for state in &states {
+            state.expire_if_due();
+        }
+        lock(&shared.registry).retain(|_, s| !s.is_gone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropping_the_backend_stops_its_watcher() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = LocalBackend::open(dir.path()).unwrap();
+        let shared = Arc::clone(&backend.shared);
+        assert_eq!(Arc::strong_count(&shared), 3, "backend, watcher, test");
+        drop(backend);
+        // Drop joins the watcher, which held the other reference.
+        assert_eq!(Arc::strong_count(&shared), 1);
+    }
+}

@@ -50,6 +50,9 @@ pub enum SandboxError {
     },
     #[error("path {path:?} is not allowed: {reason}")]
     BadPath { path: String, reason: &'static str },
+    /// A file or directory the request names does not exist in the sandbox.
+    #[error("{path} does not exist")]
+    NotFound { path: String },
     #[error("{0}")]
     Unsupported(String),
     #[error("{message}")]
@@ -66,7 +69,7 @@ impl SandboxError {
         match self {
             SandboxError::Gone { .. } | SandboxError::NoSuchProcess { .. } => ErrorClass::Gone,
             SandboxError::Io { .. } => ErrorClass::Transport,
-            SandboxError::BadPath { .. } => ErrorClass::BadRequest,
+            SandboxError::BadPath { .. } | SandboxError::NotFound { .. } => ErrorClass::BadRequest,
             SandboxError::Unsupported(_) => ErrorClass::Unsupported,
             SandboxError::Remote { class, .. } => *class,
         }
@@ -277,7 +280,11 @@ pub fn contained_path(base: &str, rel: &str) -> Result<String> {
     if parts.is_empty() {
         return Err(bad("the path names no file"));
     }
-    Ok(format!("{}/{}", base.trim_end_matches('/'), parts.join("/")))
+    Ok(format!(
+        "{}/{}",
+        base.trim_end_matches('/'),
+        parts.join("/")
+    ))
 }
 
 #[cfg(test)]

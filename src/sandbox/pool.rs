@@ -1,1 +1,371 @@
-//! placeholder
+//! The warm-sandbox pool: hands out bootstrapped, hello-verified sandboxes and takes them
+//! back.
+//!
+//! Reuse is what makes evaluation cheap: a released healthy sandbox keeps its runner, loses
+//! its workspace and every other process, and goes back on a LIFO stack (the most recently
+//! used is the most likely still alive). Anything doubtful is retired, i.e. killed, and a
+//! kill is only counted done when the backend proves it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{Backend, CreateSpec, Killed, RunOpts, Sandbox, SandboxError};
+use crate::channel::{LeaseRenewal, StdioChannel};
+use crate::runner::{self, BootstrapOpts, RunnerError};
+
+/// Parallel kills at `close`.
+pub const MAX_RETIRE_WORKERS: usize = 16;
+/// Delays between kill attempts (three attempts in all).
+const KILL_RETRY_DELAYS: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(500)];
+
+/// Lease of a pooled sandbox for an episode budget of `episode`: long enough for one episode
+/// plus cleanup after its watchdog fires.
+pub fn lease_for(episode: Duration) -> Duration {
+    if episode <= Duration::from_secs(300) {
+        Duration::from_secs(900)
+    } else {
+        episode + Duration::from_secs(900)
+    }
+}
+
+/// Hard cap on how long keepalives may keep one episode's sandbox alive.
+pub fn lifetime_for(episode: Duration) -> Duration {
+    lease_for(episode).max(Duration::from_secs(3600))
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Template and metadata of new sandboxes; `timeout_secs` is overridden by `lease`.
+    pub spec: CreateSpec,
+    pub lease: Duration,
+    pub lifetime: Duration,
+    pub bootstrap: BootstrapOpts,
+    /// The directory under `home()` that episodes work in; wiped at every release.
+    pub workspace_dir: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("the sandbox pool is closed")]
+    Closed,
+    #[error("could not create a sandbox")]
+    Create(#[source] SandboxError),
+    #[error("could not start the runner")]
+    Bootstrap(#[source] RunnerError),
+    #[error("sandbox {id} could not be killed after 3 attempts")]
+    Kill {
+        id: String,
+        #[source]
+        source: SandboxError,
+    },
+    #[error("failed to prove cleanup for {failed} of {total} sandboxes (first: {first_id})")]
+    Cleanup {
+        failed: usize,
+        total: usize,
+        first_id: String,
+        #[source]
+        first: SandboxError,
+    },
+}
+
+impl PoolError {
+    /// Whether trying again (on a fresh sandbox) may succeed.
+    pub fn is_transport(&self) -> bool {
+        match self {
+            PoolError::Closed => false,
+            PoolError::Create(e) => e.is_transport(),
+            PoolError::Bootstrap(e) => e.is_transport(),
+            PoolError::Kill { .. } | PoolError::Cleanup { .. } => true,
+        }
+    }
+}
+
+/// A sandbox handed out by the pool, with its runner's channel.
+pub struct Warm {
+    pub sandbox: Arc<dyn Sandbox>,
+    pub channel: StdioChannel,
+    /// Whether an earlier episode used this sandbox.
+    pub reused: bool,
+}
+
+/// Sandboxes created and sandbox-seconds (create to proven kill, or to now while live).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct PoolUsage {
+    pub count: u64,
+    pub seconds: f64,
+}
+
+struct Live {
+    sandbox: Arc<dyn Sandbox>,
+    started: Instant,
+    /// Held while one thread kills the sandbox, so a second retirer waits for the proof
+    /// instead of taking "already gone" for it.
+    retiring: Arc<Mutex<()>>,
+}
+
+#[derive(Default)]
+struct State {
+    idle: Vec<Warm>,
+    live: HashMap<String, Live>,
+    closed: bool,
+    created: u64,
+    retired_seconds: f64,
+}
+
+pub struct Pool {
+    backend: Arc<dyn Backend>,
+    config: PoolConfig,
+    state: Mutex<State>,
+}
+
+impl Pool {
+    pub fn new(backend: Arc<dyn Backend>, config: PoolConfig) -> Self {
+        Pool {
+            backend,
+            config,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The absolute workspace directory of `sandbox`.
+    pub fn workspace_of(&self, sandbox: &dyn Sandbox) -> String {
+        format!(
+            "{}/{}",
+            sandbox.home().trim_end_matches('/'),
+            self.config.workspace_dir
+        )
+    }
+
+    /// A warm sandbox: the most recently released idle one that is still alive, or a new one.
+    pub fn acquire(&self) -> Result<Warm, PoolError> {
+        loop {
+            let warm = {
+                let mut st = self.state();
+                if st.closed {
+                    return Err(PoolError::Closed);
+                }
+                st.idle.pop()
+            };
+            let Some(mut warm) = warm else { break };
+            // Extending the lease first proves the sandbox is alive and gives the episode a
+            // full lease.
+            match warm.sandbox.set_timeout(self.config.lease.as_secs()) {
+                Ok(()) => {
+                    warm.reused = true;
+                    return Ok(warm);
+                }
+                Err(_) => {
+                    let _ = self.retire(&warm.sandbox);
+                }
+            }
+        }
+        self.create()
+    }
+
+    fn create(&self) -> Result<Warm, PoolError> {
+        let mut spec = self.config.spec.clone();
+        spec.timeout_secs = self.config.lease.as_secs();
+        let sandbox = self.backend.create(&spec).map_err(PoolError::Create)?;
+        {
+            let mut st = self.state();
+            st.created += 1;
+            // Registered before bootstrap so a close() during a slow start still kills it.
+            st.live.insert(
+                sandbox.id().to_string(),
+                Live {
+                    sandbox: sandbox.clone(),
+                    started: Instant::now(),
+                    retiring: Arc::new(Mutex::new(())),
+                },
+            );
+            if st.closed {
+                drop(st);
+                let _ = self.retire(&sandbox);
+                return Err(PoolError::Closed);
+            }
+        }
+        let mut opts = self.config.bootstrap.clone();
+        opts.renewal = Some(LeaseRenewal::new(self.config.lease, self.config.lifetime));
+        let started = match runner::bootstrap(&sandbox, &opts) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.retire(&sandbox);
+                return Err(PoolError::Bootstrap(e));
+            }
+        };
+        if self.state().closed {
+            let _ = self.retire(&sandbox);
+            return Err(PoolError::Closed);
+        }
+        // The bootstrap took some of the lease; the first episode gets a full one.
+        if let Err(e) = sandbox.set_timeout(self.config.lease.as_secs()) {
+            let _ = self.retire(&sandbox);
+            return Err(PoolError::Create(e));
+        }
+        Ok(Warm {
+            sandbox,
+            channel: started.channel,
+            reused: false,
+        })
+    }
+
+    /// Returns a sandbox. A healthy one is cleaned (workspace wiped, every process but the
+    /// runner killed) and kept; anything else is retired.
+    pub fn release(&self, warm: Warm, healthy: bool) -> Result<(), PoolError> {
+        if healthy && !self.state().closed && self.clean(&warm).is_ok() {
+            let mut st = self.state();
+            if !st.closed {
+                st.idle.push(warm);
+                return Ok(());
+            }
+        }
+        let sandbox = warm.sandbox.clone();
+        drop(warm);
+        self.retire(&sandbox)
+    }
+
+    fn clean(&self, warm: &Warm) -> Result<(), SandboxError> {
+        let runner = warm.channel.pid();
+        for p in warm.sandbox.processes()? {
+            if p.pid != runner {
+                warm.sandbox.kill_process(p.pid)?;
+            }
+        }
+        let ws = self.workspace_of(warm.sandbox.as_ref());
+        let out = warm.sandbox.run(
+            &format!("rm -rf {}", runner::shell_quote(&ws)),
+            &RunOpts {
+                timeout: Duration::from_secs(30),
+                max_output: 4096,
+                ..RunOpts::default()
+            },
+        )?;
+        if out.exit_code == Some(0) {
+            Ok(())
+        } else {
+            Err(SandboxError::Remote {
+                class: super::ErrorClass::Transport,
+                message: format!("wiping the workspace failed: {}", out.stderr.to_text()),
+                source: None,
+            })
+        }
+    }
+
+    /// Kills a sandbox with retries; its lease is closed only once the kill is proven.
+    fn retire(&self, sandbox: &Arc<dyn Sandbox>) -> Result<(), PoolError> {
+        let id = sandbox.id().to_string();
+        let Some(owner) = self.state().live.get(&id).map(|l| l.retiring.clone()) else {
+            return Ok(());
+        };
+        let _owner = owner.lock().unwrap_or_else(|p| p.into_inner());
+        // Another retirer may have proven the kill while we waited.
+        if !self.state().live.contains_key(&id) {
+            return Ok(());
+        }
+        let mut last = None;
+        for attempt in 0..=KILL_RETRY_DELAYS.len() {
+            match self.backend.kill(&id) {
+                Ok(Killed::Now | Killed::AlreadyGone) => {
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+            if let Some(d) = KILL_RETRY_DELAYS.get(attempt) {
+                std::thread::sleep(*d);
+            }
+        }
+        if let Some(source) = last {
+            return Err(PoolError::Kill { id, source });
+        }
+        let mut st = self.state();
+        if let Some(live) = st.live.remove(&id) {
+            st.retired_seconds += live.started.elapsed().as_secs_f64();
+        }
+        Ok(())
+    }
+
+    /// Closes the pool and retires every sandbox it holds, idle or in flight. Idempotent; a
+    /// later call retries kills that failed.
+    pub fn close(&self) -> Result<(), PoolError> {
+        let (idle, live): (Vec<Warm>, Vec<Arc<dyn Sandbox>>) = {
+            let mut st = self.state();
+            st.closed = true;
+            let idle = std::mem::take(&mut st.idle);
+            let live = st.live.values().map(|l| l.sandbox.clone()).collect();
+            (idle, live)
+        };
+        drop(idle);
+        self.retire_many(&live)
+    }
+
+    fn retire_many(&self, sandboxes: &[Arc<dyn Sandbox>]) -> Result<(), PoolError> {
+        let total = sandboxes.len();
+        if total == 0 {
+            return Ok(());
+        }
+        let workers = MAX_RETIRE_WORKERS.min(total);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failures: Mutex<Vec<(String, SandboxError)>> = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(sb) = sandboxes.get(i) else { break };
+                    if let Err(PoolError::Kill { id, source }) = self.retire(sb) {
+                        failures
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((id, source));
+                    }
+                });
+            }
+        });
+        let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+        if failures.is_empty() {
+            return Ok(());
+        }
+        let failed = failures.len();
+        let (first_id, first) = failures.swap_remove(0);
+        Err(PoolError::Cleanup {
+            failed,
+            total,
+            first_id,
+            first,
+        })
+    }
+
+    pub fn usage(&self) -> PoolUsage {
+        let st = self.state();
+        let live: f64 = st
+            .live
+            .values()
+            .map(|l| l.started.elapsed().as_secs_f64())
+            .sum();
+        PoolUsage {
+            count: st.created,
+            seconds: st.retired_seconds + live,
+        }
+    }
+
+    /// Sandboxes still held (idle or in flight).
+    pub fn live_count(&self) -> usize {
+        self.state().live.len()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Last line of defence: a pool dropped on an error path still kills what it holds.
+        let _ = self.close();
+    }
+}

@@ -1,0 +1,671 @@
+// wmo-e2b in-sandbox runner.
+//
+// Started as `node runner.mjs` with stdin/stdout pipes. Frames travel one per
+// line in both directions: standard base64 (with padding) of the UTF-8 JSON
+// text of one object, then "\n". stdout carries frames only; everything else
+// goes to stderr.
+//
+// Deliberately dependency-free and without static imports: the Node version
+// check below must be able to run on old Node releases, and start-up has to
+// stay fast. `node:` builtins needed by the user-harness path are imported
+// lazily.
+
+// ---------------------------------------------------------------------------
+// stdout hygiene: keep the real stdout writer for frames, send everything
+// else (console.*, stray process.stdout.write calls) to stderr.
+
+var stdout = process.stdout;
+var stderr = process.stderr;
+var writeFrameLine = stdout.write.bind(stdout);
+
+function toStderr() {
+  var parts = [];
+  for (var i = 0; i < arguments.length; i++) {
+    var a = arguments[i];
+    if (typeof a === "string") parts.push(a);
+    else if (a instanceof Error) parts.push(a.stack || String(a));
+    else {
+      try {
+        parts.push(JSON.stringify(a));
+      } catch (e) {
+        parts.push(String(a));
+      }
+    }
+  }
+  stderr.write(parts.join(" ") + "\n");
+}
+
+console.log = toStderr;
+console.info = toStderr;
+console.warn = toStderr;
+console.debug = toStderr;
+stdout.write = function () {
+  return stderr.write.apply(stderr, arguments);
+};
+
+function diag(message) {
+  try {
+    stderr.write("wmo-e2b runner: " + message + "\n");
+  } catch (e) {
+    // stderr is gone; nothing useful left to do
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Constants
+
+var PROTOCOL = 1;
+var RUNNER_VERSION = "0.1.0";
+var MAX_NONACTION_TURNS = 3;
+var DEFAULT_MAX_TURNS = 20;
+var DEFAULT_MAX_OUTPUT_TOKENS = 4096;
+var KEEPALIVE_MS = (function () {
+  var raw = process.env.WMO_KEEPALIVE_MS;
+  var n = raw === undefined ? NaN : Number(raw);
+  return Number.isFinite(n) && n > 0 ? Math.floor(n) : 30000;
+})();
+var NUDGE_TAIL =
+  "Continue the task: either call exactly one tool now, or call `submit` with your " +
+  "final answer if the task is already complete. Do not reply with prose alone.";
+var REPLY_KIND = { llm_request: "llm_response", tool_request: "tool_response" };
+
+// ---------------------------------------------------------------------------
+// Process-wide state. Per-episode state lives on the episode object, which is
+// dropped when the episode ends.
+
+var nextReqId = 1;
+var pending = new Map(); // req_id -> {kind, episode, resolve, reject}
+var current = null; // the running episode, if any
+var startCwd = process.cwd();
+var lazyMods = null;
+
+// ---------------------------------------------------------------------------
+// Output
+
+function send(frame) {
+  var json = JSON.stringify(frame);
+  writeFrameLine(Buffer.from(json, "utf8").toString("base64") + "\n");
+}
+
+// ---------------------------------------------------------------------------
+// Input: manual line buffer (lines may be many MB).
+
+var partial = [];
+
+function onData(chunk) {
+  var start = 0;
+  var nl;
+  while ((nl = chunk.indexOf(10, start)) !== -1) {
+    var line;
+    if (partial.length > 0) {
+      partial.push(chunk.subarray(start, nl));
+      line = Buffer.concat(partial);
+      partial = [];
+    } else {
+      line = chunk.subarray(start, nl);
+    }
+    start = nl + 1;
+    handleLine(line);
+  }
+  if (start === 0) {
+    partial.push(chunk);
+  } else if (start < chunk.length) {
+    // copy so a small tail does not pin the whole read chunk
+    partial.push(Buffer.from(chunk.subarray(start)));
+  }
+}
+
+function decodeLine(line) {
+  var text = line.toString("latin1").trim();
+  if (text === "") return null;
+  var json = Buffer.from(text, "base64").toString("utf8");
+  var value;
+  try {
+    value = JSON.parse(json);
+  } catch (e) {
+    diag("dropped an inbound line that is not base64 JSON (" + text.length + " chars): " + e.message);
+    return null;
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    diag("dropped an inbound frame that is not a JSON object");
+    return null;
+  }
+  if (typeof value.type !== "string") {
+    diag("dropped an inbound frame without a string type");
+    return null;
+  }
+  return value;
+}
+
+function handleLine(line) {
+  var frame;
+  try {
+    frame = decodeLine(line);
+  } catch (e) {
+    diag("dropped an undecodable inbound line: " + String(e));
+    return;
+  }
+  if (frame === null) return;
+  try {
+    dispatch(frame);
+  } catch (e) {
+    diag("error while handling a " + frame.type + " frame: " + (e && e.stack ? e.stack : String(e)));
+  }
+}
+
+function dispatch(frame) {
+  switch (frame.type) {
+    case "llm_response":
+    case "tool_response":
+      resolveReply(frame);
+      return;
+    case "episode_start":
+      onEpisodeStart(frame);
+      return;
+    case "shutdown":
+      exitNow(0);
+      return;
+    default:
+      // unknown frame types are ignored
+      return;
+  }
+}
+
+function resolveReply(frame) {
+  var id = frame.req_id;
+  var entry = typeof id === "number" ? pending.get(id) : undefined;
+  if (entry === undefined) {
+    diag("ignored " + frame.type + " for req_id " + JSON.stringify(id) + ": no pending request has that id");
+    return;
+  }
+  if (entry.kind !== frame.type) {
+    diag("ignored " + frame.type + " for req_id " + id + ": that request awaits a " + entry.kind);
+    return;
+  }
+  if (typeof frame.episode_id === "string" && frame.episode_id !== entry.episode.id) {
+    diag(
+      "ignored " + frame.type + " for req_id " + id + ": it names episode " + frame.episode_id +
+        " but the request belongs to " + entry.episode.id
+    );
+    return;
+  }
+  pending.delete(id);
+  entry.resolve(frame);
+}
+
+// Sends a request frame for `episode` and returns a promise of the reply frame.
+function request(episode, type, fields) {
+  if (episode.ended) {
+    return Promise.reject(new Error("episode " + episode.id + " has already ended"));
+  }
+  var reqId = nextReqId++;
+  var frame = { type: type, req_id: reqId, episode_id: episode.id };
+  for (var k in fields) frame[k] = fields[k];
+  return new Promise(function (resolve, reject) {
+    pending.set(reqId, { kind: REPLY_KIND[type], episode: episode, resolve: resolve, reject: reject });
+    try {
+      send(frame);
+    } catch (e) {
+      pending.delete(reqId);
+      reject(e);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Episodes
+
+function intAtLeast(value, min, fallback) {
+  return typeof value === "number" && Number.isInteger(value) && value >= min ? value : fallback;
+}
+
+function onEpisodeStart(frame) {
+  var id = frame.episode_id;
+  if (typeof id !== "string" || id === "") {
+    send({
+      type: "episode_error",
+      episode_id: id === undefined ? null : id,
+      note: "episode_start needs a non-empty string episode_id",
+    });
+    return;
+  }
+  if (current !== null) {
+    send({
+      type: "episode_error",
+      episode_id: id,
+      note: "an episode is already running (" + current.id + "); this runner runs one episode at a time",
+    });
+    return;
+  }
+  var files = frame.files !== null && typeof frame.files === "object" && !Array.isArray(frame.files) ? frame.files : null;
+  var episode = {
+    id: id,
+    ended: false,
+    turns: 0,
+    dir: null,
+    keepalive: null,
+    start: {
+      taskId: frame.task_id,
+      instruction: typeof frame.instruction === "string" ? frame.instruction : "",
+      system: typeof frame.system === "string" ? frame.system : "",
+      tools: Array.isArray(frame.tools) ? frame.tools : [],
+      files: files,
+      maxTurns: intAtLeast(frame.max_turns, 1, DEFAULT_MAX_TURNS),
+      maxOutputTokens: intAtLeast(frame.max_output_tokens, 1, DEFAULT_MAX_OUTPUT_TOKENS),
+      temperature: typeof frame.temperature === "number" && Number.isFinite(frame.temperature) ? frame.temperature : undefined,
+    },
+  };
+  current = episode;
+  episode.keepalive = setInterval(function () {
+    try {
+      send({ type: "transport_keepalive" });
+    } catch (e) {
+      diag("keepalive write failed: " + String(e));
+    }
+  }, KEEPALIVE_MS);
+  if (typeof episode.keepalive.unref === "function") episode.keepalive.unref();
+  driveEpisode(episode).catch(function (e) {
+    diag("episode " + episode.id + " failed to report: " + String(e));
+  });
+}
+
+async function driveEpisode(episode) {
+  var start = episode.start;
+  var userHarness = start.files !== null && Object.prototype.hasOwnProperty.call(start.files, "agent.mjs");
+  try {
+    if (userHarness) await runUserHarness(episode);
+    else await runBuiltinHarness(episode);
+  } catch (e) {
+    if (!episode.ended) {
+      await endEpisode(episode, { type: "episode_error", episode_id: episode.id, note: errorNote(e) });
+    } else {
+      diag("episode " + episode.id + " raised after it ended: " + errorNote(e));
+    }
+  }
+  if (!episode.ended) {
+    // defensive: every harness path ends the episode, but never leave it hanging
+    await endEpisode(episode, { type: "episode_error", episode_id: episode.id, note: "the harness finished without a result" });
+  }
+  // A user harness may keep writing after it submitted; remove what it left.
+  if (episode.dir !== null) await removeDir(episode.dir);
+  episode.start = null;
+}
+
+function errorNote(e) {
+  return String(e);
+}
+
+// Ends the episode exactly once: stops the keepalive, fails its outstanding
+// requests, removes its directory, then sends the final frame.
+async function endEpisode(episode, frame) {
+  if (episode.ended) return;
+  episode.ended = true;
+  if (episode.keepalive !== null) {
+    clearInterval(episode.keepalive);
+    episode.keepalive = null;
+  }
+  pending.forEach(function (entry, reqId) {
+    if (entry.episode === episode) {
+      pending.delete(reqId);
+      entry.reject(new Error("episode " + episode.id + " has ended"));
+    }
+  });
+  if (current === episode) current = null;
+  if (episode.dir !== null) await removeDir(episode.dir);
+  send(frame);
+}
+
+function sendDone(episode, reason, answer) {
+  return endEpisode(episode, {
+    type: "done",
+    episode_id: episode.id,
+    reason: reason,
+    answer: answer,
+    turns: episode.turns,
+  });
+}
+
+function answerText(value) {
+  if (value === undefined || value === null) return "";
+  if (typeof value === "string") return value;
+  if (typeof value === "object") {
+    try {
+      return JSON.stringify(value);
+    } catch (e) {
+      return String(value);
+    }
+  }
+  return String(value);
+}
+
+// ---------------------------------------------------------------------------
+// Builtin harness
+
+function messageText(content) {
+  if (typeof content === "string") return content;
+  if (Array.isArray(content)) {
+    var out = "";
+    for (var i = 0; i < content.length; i++) {
+      var part = content[i];
+      if (part && typeof part === "object" && typeof part.text === "string") out += part.text;
+    }
+    return out;
+  }
+  return null;
+}
+
+function nudgeFor(reason, maxOutputTokens, warnings) {
+  var middle;
+  if (reason === "output_truncated") {
+    middle =
+      "None of the requested actions ran because the reply exceeded " + maxOutputTokens +
+      " output tokens. Re-issue the work in chunks well under that limit.";
+  } else if (reason === "unparsed_tool_call") {
+    middle =
+      "Nothing was executed. The tool-call parser reported: " +
+      warnings.map(function (w) {
+        return typeof w === "string" ? w : answerText(w);
+      }).join("; ") +
+      ". Emit the call again in the documented format, closing every block.";
+  } else {
+    middle = "Your reply contained no tool call.";
+  }
+  return "[ERROR] " + middle + " " + NUDGE_TAIL;
+}
+
+function parseArguments(raw) {
+  var value = raw;
+  if (typeof raw === "string") {
+    if (raw.trim() === "") return { ok: true, value: {} };
+    try {
+      value = JSON.parse(raw);
+    } catch (e) {
+      return { ok: false, message: e.message };
+    }
+  } else if (raw === undefined || raw === null) {
+    return { ok: true, value: {} };
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    return { ok: false, message: "expected a JSON object, got " + (Array.isArray(value) ? "an array" : value === null ? "null" : typeof value) };
+  }
+  return { ok: true, value: value };
+}
+
+async function runBuiltinHarness(episode) {
+  var s = episode.start;
+  var messages = [
+    { role: "system", content: s.system },
+    { role: "user", content: s.instruction },
+  ];
+  var consecutiveNonAction = 0;
+  var lastText = "";
+
+  for (;;) {
+    if (episode.turns >= s.maxTurns) {
+      await sendDone(episode, "max_turns", lastText);
+      return;
+    }
+    var body = { messages: messages, tools: s.tools, max_tokens: s.maxOutputTokens };
+    if (s.temperature !== undefined) body.temperature = s.temperature;
+    var reply = await request(episode, "llm_request", { openai_body: body });
+    episode.turns += 1;
+
+    if (reply.error !== undefined && reply.error !== null) {
+      await sendDone(episode, "provider_error", lastText);
+      return;
+    }
+    var completion = reply.completion;
+    var choice =
+      completion && typeof completion === "object" && Array.isArray(completion.choices) ? completion.choices[0] : undefined;
+    if (!choice || typeof choice !== "object" || !choice.message || typeof choice.message !== "object") {
+      diag("episode " + episode.id + ": llm_response " + reply.req_id + " carried no completion.choices[0].message");
+      await sendDone(episode, "provider_error", lastText);
+      return;
+    }
+    var message = choice.message;
+    var text = messageText(message.content);
+    if (text !== null && text.trim() !== "") lastText = text.trim();
+    var toolCalls = Array.isArray(message.tool_calls) ? message.tool_calls : [];
+    var truncated = choice.finish_reason === "length";
+
+    if (toolCalls.length > 0 && !truncated) {
+      messages.push({ role: "assistant", content: text, tool_calls: toolCalls });
+      consecutiveNonAction = 0;
+      for (var i = 0; i < toolCalls.length; i++) {
+        var call = toolCalls[i] || {};
+        var fn = call.function && typeof call.function === "object" ? call.function : {};
+        var name = typeof fn.name === "string" ? fn.name : "";
+        var callId = typeof call.id === "string" ? call.id : "";
+        var parsed = parseArguments(fn.arguments);
+        if (!parsed.ok) {
+          messages.push({
+            role: "tool",
+            tool_call_id: callId,
+            content: "error: could not parse the arguments of " + name + " as JSON: " + parsed.message,
+          });
+          continue;
+        }
+        if (name === "submit") {
+          await sendDone(episode, "submit", answerText(parsed.value.answer));
+          return;
+        }
+        var result = await request(episode, "tool_request", { name: name, arguments: parsed.value });
+        messages.push({
+          role: "tool",
+          tool_call_id: callId,
+          content: typeof result.content === "string" ? result.content : answerText(result.content),
+        });
+      }
+      continue;
+    }
+
+    // No action this turn. A truncated reply's tool calls are not run (they may
+    // be cut off) and are not echoed back, so the transcript stays valid (no
+    // tool_calls without matching tool messages, no assistant turn without content).
+    messages.push({ role: "assistant", content: text === null ? "" : text });
+    var warnings = Array.isArray(choice.wmo_unparsed_tool_calls) ? choice.wmo_unparsed_tool_calls : [];
+    var reason;
+    if (warnings.length > 0) reason = "unparsed_tool_call";
+    else if (truncated) reason = "output_truncated";
+    else reason = "no_tool_call";
+    consecutiveNonAction += 1;
+    if (consecutiveNonAction < MAX_NONACTION_TURNS && episode.turns < s.maxTurns) {
+      messages.push({ role: "user", content: nudgeFor(reason, s.maxOutputTokens, warnings) });
+      continue;
+    }
+    await sendDone(episode, reason, lastText);
+    return;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// User harness (files["agent.mjs"] exporting runEpisode(ctx))
+
+async function loadLazyMods() {
+  if (lazyMods === null) {
+    var loaded = await Promise.all([
+      import("node:fs/promises"),
+      import("node:path"),
+      import("node:url"),
+      import("node:fs"),
+    ]);
+    lazyMods = { fs: loaded[0], path: loaded[1], url: loaded[2], fsSync: loaded[3] };
+  }
+  return lazyMods;
+}
+
+async function removeDir(dir) {
+  try {
+    var m = await loadLazyMods();
+    await m.fs.rm(dir, { recursive: true, force: true });
+  } catch (e) {
+    diag("could not remove " + dir + ": " + String(e));
+  }
+}
+
+// Returns [absolutePath, rel] pairs or throws an Error naming the bad path.
+function planFiles(path, epDir, files) {
+  var plan = [];
+  var rels = Object.keys(files);
+  for (var i = 0; i < rels.length; i++) {
+    var rel = rels[i];
+    var content = files[rel];
+    var why = null;
+    if (rel === "" || rel.trim() === "") why = "the path is empty";
+    else if (rel.indexOf("\0") !== -1) why = "the path contains a NUL byte";
+    else if (path.isAbsolute(rel) || rel.charAt(0) === "\\" || /^[A-Za-z]:/.test(rel)) why = "the path is absolute";
+    else if (rel.split(/[\\/]+/).indexOf("..") !== -1) why = "the path has a '..' component";
+    var abs = null;
+    if (why === null) {
+      abs = path.resolve(epDir, rel);
+      if (abs === epDir || abs.indexOf(epDir + path.sep) !== 0) why = "the path resolves outside the episode directory";
+    }
+    if (why === null && typeof content !== "string") why = "its content is not a string";
+    if (why !== null) throw new Error("refusing file " + JSON.stringify(rel) + ": " + why);
+    plan.push([abs, content]);
+  }
+  return plan;
+}
+
+function safeEpisodeId(id) {
+  return id.length <= 200 && id !== "." && id !== ".." && !/[\\/\0]/.test(id);
+}
+
+async function runUserHarness(episode) {
+  var s = episode.start;
+  if (!safeEpisodeId(episode.id)) {
+    throw new Error("episode_id " + JSON.stringify(episode.id) + " cannot be used as a directory name");
+  }
+  var m = await loadLazyMods();
+  var epDir = m.path.join(startCwd, "ep-" + episode.id);
+  var plan = planFiles(m.path, epDir, s.files); // validate everything before writing anything
+  episode.dir = epDir;
+  await m.fs.rm(epDir, { recursive: true, force: true });
+  await m.fs.mkdir(epDir, { recursive: true });
+  for (var i = 0; i < plan.length; i++) {
+    await m.fs.mkdir(m.path.dirname(plan[i][0]), { recursive: true });
+    await m.fs.writeFile(plan[i][0], plan[i][1], "utf8");
+  }
+
+  var url = m.url.pathToFileURL(m.path.join(epDir, "agent.mjs")).href + "?ep=" + encodeURIComponent(episode.id);
+  var mod = await import(url);
+  if (typeof mod.runEpisode !== "function") {
+    throw new Error("agent.mjs does not export a runEpisode function");
+  }
+
+  var ctx = {
+    episodeId: episode.id,
+    taskId: s.taskId,
+    instruction: s.instruction,
+    system: s.system,
+    tools: s.tools,
+    maxTurns: s.maxTurns,
+    maxOutputTokens: s.maxOutputTokens,
+    temperature: s.temperature,
+    llm: function (body) {
+      return request(episode, "llm_request", { openai_body: body === undefined ? {} : body }).then(function (reply) {
+        episode.turns += 1;
+        if (reply.error !== undefined && reply.error !== null) throw new Error(answerText(reply.error));
+        if (reply.completion === undefined || reply.completion === null) {
+          throw new Error("llm_response carried neither completion nor error");
+        }
+        return reply.completion;
+      });
+    },
+    tool: function (name, args) {
+      return request(episode, "tool_request", {
+        name: String(name),
+        arguments: args === undefined || args === null ? {} : args,
+      }).then(function (reply) {
+        return {
+          content: typeof reply.content === "string" ? reply.content : answerText(reply.content),
+          isError: reply.is_error === true,
+        };
+      });
+    },
+    submit: function (answer) {
+      if (episode.ended) return;
+      sendDone(episode, "submit", answerText(answer)).catch(function (e) {
+        diag("could not send done for episode " + episode.id + ": " + String(e));
+      });
+    },
+    log: function (message) {
+      if (episode.ended) return;
+      send({ type: "log", episode_id: episode.id, message: answerText(message) });
+    },
+  };
+
+  var result = await mod.runEpisode(ctx);
+  if (!episode.ended) {
+    await sendDone(episode, "no_tool_call", typeof result === "string" ? result : "");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Process-level failure handling: a stray error from harness code fails the
+// running episode instead of killing the runner.
+
+function failCurrent(kind, err) {
+  diag(kind + ": " + (err && err.stack ? err.stack : String(err)));
+  var episode = current;
+  if (episode !== null && !episode.ended) {
+    endEpisode(episode, { type: "episode_error", episode_id: episode.id, note: errorNote(err) }).catch(function (e) {
+      diag("could not report the failure: " + String(e));
+    });
+  }
+}
+
+process.on("uncaughtException", function (err) {
+  failCurrent("uncaught exception", err);
+});
+process.on("unhandledRejection", function (err) {
+  diag("unhandled rejection: " + (err && err.stack ? err.stack : String(err)));
+});
+
+// Exits now, removing a running user-harness episode's directory first.
+function exitNow(code) {
+  var episode = current;
+  if (episode !== null && episode.dir !== null && lazyMods !== null) {
+    try {
+      lazyMods.fsSync.rmSync(episode.dir, { recursive: true, force: true });
+    } catch (e) {
+      diag("could not remove " + episode.dir + ": " + String(e));
+    }
+  }
+  process.exit(code);
+}
+
+stdout.on("error", function (err) {
+  // the host closed our output pipe; nothing can be reported any more
+  diag("stdout failed (" + String(err && err.code ? err.code : err) + "); exiting");
+  exitNow(0);
+});
+
+// ---------------------------------------------------------------------------
+// Start: stdin, version check, hello.
+
+var stdin = process.stdin;
+stdin.on("data", onData);
+stdin.on("end", function () {
+  exitNow(0);
+});
+stdin.on("error", function (err) {
+  diag("stdin failed: " + String(err));
+  exitNow(0);
+});
+
+var nodeMajor = Number((/^v(\d+)/.exec(process.version) || [])[1]);
+if (!(nodeMajor >= 18)) {
+  stderr.write("wmo-e2b runner needs Node.js >= 18 (found " + process.version + ")\n");
+  process.exit(3);
+}
+
+send({
+  type: "hello",
+  protocol: PROTOCOL,
+  runner_version: RUNNER_VERSION,
+  node_version: process.version,
+  harness: "builtin",
+  transport: "stdio",
+  max_concurrent: 1,
+});

@@ -1,0 +1,638 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, mkdirSync, writeFileSync, existsSync, readdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+import {
+  NUDGE_TAIL,
+  TOOLS,
+  Runner,
+  completion,
+  encodeFrame,
+  encodeJsonText,
+  episodeStart,
+  reply,
+  startRunner,
+  strip,
+  toolCall,
+  toolReply,
+} from "./frames.test.mjs";
+
+function submitCall(id, answer) {
+  return toolCall(id, "submit", { answer });
+}
+
+function lastMessage(req) {
+  const msgs = req.openai_body.messages;
+  return msgs[msgs.length - 1];
+}
+
+// ---------------------------------------------------------------------------
+// Start-up and wire format
+
+test("hello carries the documented fields and nothing else", async (t) => {
+  const r = await startRunner(t);
+  const hello = strip(r.all[0]);
+  assert.deepEqual(hello, {
+    type: "hello",
+    protocol: 1,
+    runner_version: "0.1.0",
+    node_version: process.version,
+    harness: "builtin",
+    transport: "stdio",
+    max_concurrent: 1,
+  });
+});
+
+test("console output goes to stderr, never stdout", async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), "wmo-runner-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const r = await startRunner(t, { cwd: dir });
+  const agent = `
+    export async function runEpisode(ctx) {
+      console.log("log line"); console.info("info line"); console.warn("warn line"); console.debug("debug line");
+      process.stdout.write("raw stdout write\\n");
+      ctx.submit("ok");
+    }`;
+  r.send(episodeStart("c1", { files: { "agent.mjs": agent } }));
+  const done = await r.next("done");
+  assert.equal(done.answer, "ok");
+  for (const s of ["log line", "info line", "warn line", "debug line", "raw stdout write"]) {
+    await r.stderrMatches(new RegExp(s));
+  }
+  assert.equal(r.decodeError, null);
+});
+
+test("non-ASCII text survives both directions; host ASCII escapes accepted", async (t) => {
+  const r = await startRunner(t);
+  const text = "café 🎉 naïve — 日本語";
+  r.send(episodeStart("u1", { instruction: text, system: "système ✓" }));
+  const req = await r.next("llm_request");
+  assert.equal(req.openai_body.messages[1].content, text);
+  assert.equal(req.openai_body.messages[0].content, "système ✓");
+  // the runner emits raw UTF-8 JSON inside the base64
+  const raw = Buffer.from(req.__line, "base64").toString("utf8");
+  assert.ok(raw.includes("café 🎉"), "runner JSON should carry raw UTF-8");
+  reply(r, req, completion({ toolCalls: [toolCall("c1", "bash", { cmd: "echo é🚀" })] }));
+  const treq = await r.next("tool_request");
+  assert.deepEqual(treq.arguments, { cmd: "echo é🚀" });
+  // host-style JSON with ASCII escapes (é and a surrogate pair for 🚀)
+  await r.write(
+    encodeJsonText(
+      `{"type":"tool_response","episode_id":"u1","req_id":${treq.req_id},"content":"caf\\u00e9 \\ud83d\\ude80","is_error":false}`
+    )
+  );
+  const req2 = await r.next("llm_request");
+  assert.equal(lastMessage(req2).content, "café 🚀");
+  reply(r, req2, completion({ toolCalls: [submitCall("c2", "réponse ✓ 🎉")] }));
+  const done = await r.next("done");
+  assert.equal(done.answer, "réponse ✓ 🎉");
+});
+
+test("partial lines across writes and two frames in one write", async (t) => {
+  const r = await startRunner(t);
+  const line = encodeFrame(episodeStart("p1"));
+  const a = Math.floor(line.length / 3);
+  // a frame in three pieces, the newline arriving on its own
+  await r.write(line.slice(0, a));
+  await new Promise((res) => setTimeout(res, 20));
+  await r.write(line.slice(a, line.length - 1));
+  await new Promise((res) => setTimeout(res, 20));
+  await r.write("\n");
+  const req = await r.next("llm_request");
+  assert.equal(req.episode_id, "p1");
+  // reply, then (in the same write) a second episode_start that must be refused
+  const both =
+    encodeFrame({ type: "llm_response", episode_id: "p1", req_id: req.req_id, completion: completion({ toolCalls: [toolCall("c", "bash", { cmd: "ls" })] }) }) +
+    encodeFrame(episodeStart("p2"));
+  await r.write(both);
+  const f1 = await r.next();
+  const f2 = await r.next();
+  const byType = Object.fromEntries([f1, f2].map((f) => [f.type, f]));
+  assert.equal(byType.tool_request.episode_id, "p1");
+  assert.equal(byType.episode_error.episode_id, "p2");
+  // a frame whose line is split mid-way and glued to the start of the next frame
+  const l1 = encodeFrame({ type: "tool_response", episode_id: "p1", req_id: byType.tool_request.req_id, content: "out", is_error: false });
+  const l2 = encodeFrame({ type: "ping_unknown" });
+  await r.write(l1.slice(0, 10));
+  await r.write(l1.slice(10) + l2.slice(0, 5));
+  await r.write(l2.slice(5));
+  const req2 = await r.next("llm_request");
+  assert.equal(lastMessage(req2).content, "out");
+});
+
+test("a multi-megabyte line round-trips", async (t) => {
+  const r = await startRunner(t);
+  const big = "x".repeat(3 * 1024 * 1024) + "é";
+  r.send(episodeStart("big", { instruction: big }));
+  const req = await r.next("llm_request", { timeout: 15000 });
+  assert.equal(req.openai_body.messages[1].content, big);
+  reply(r, req, completion({ toolCalls: [submitCall("s", big)] }));
+  const done = await r.next("done", { timeout: 15000 });
+  assert.equal(done.answer.length, big.length);
+});
+
+test("garbage lines are ignored and the next valid frame is handled", async (t) => {
+  const r = await startRunner(t);
+  const garbage =
+    "!!! not base64 at all !!!\n" +
+    "\n" +
+    "   \r\n" +
+    Buffer.from("[1,2,3]").toString("base64") + "\n" +
+    Buffer.from("42").toString("base64") + "\n" +
+    Buffer.from('"a string"').toString("base64") + "\n" +
+    Buffer.from("{broken json").toString("base64") + "\n" +
+    Buffer.from('{"no_type":true}').toString("base64") + "\n" +
+    encodeFrame({ type: "some_future_frame", x: 1 }) +
+    encodeFrame({ type: "hello_ack" }) +
+    "  " + encodeFrame(episodeStart("g1")).trim() + "  \r\n"; // padded with whitespace
+  await r.write(garbage);
+  const req = await r.next("llm_request");
+  assert.equal(req.episode_id, "g1");
+  await r.stderrMatches(/not base64 JSON/);
+  await r.stderrMatches(/not a JSON object/);
+  await r.stderrMatches(/without a string type/);
+  assert.equal(r.all.length, 2, "nothing but hello and the llm_request was written");
+});
+
+// ---------------------------------------------------------------------------
+// Builtin harness
+
+test("builtin loop: tool call, tool_response, submit", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("b1", { max_turns: 7, max_output_tokens: 333, temperature: 0.4 }));
+  const req1 = await r.next("llm_request");
+  assert.deepEqual(strip(req1), {
+    type: "llm_request",
+    req_id: 1,
+    episode_id: "b1",
+    openai_body: {
+      messages: [
+        { role: "system", content: "you are a test agent" },
+        { role: "user", content: "do the thing" },
+      ],
+      tools: TOOLS,
+      max_tokens: 333,
+      temperature: 0.4,
+    },
+  });
+  reply(r, req1, completion({ content: "Let me look.", toolCalls: [toolCall("call_1", "bash", { cmd: "ls -la" })] }));
+  const treq = await r.next("tool_request");
+  assert.deepEqual(strip(treq), { type: "tool_request", req_id: 2, episode_id: "b1", name: "bash", arguments: { cmd: "ls -la" } });
+  toolReply(r, treq, "file.txt", false);
+  const req2 = await r.next("llm_request");
+  assert.equal(req2.req_id, 3);
+  assert.deepEqual(req2.openai_body.messages.slice(2), [
+    { role: "assistant", content: "Let me look.", tool_calls: [toolCall("call_1", "bash", { cmd: "ls -la" })] },
+    { role: "tool", tool_call_id: "call_1", content: "file.txt" },
+  ]);
+  reply(r, req2, completion({ toolCalls: [submitCall("call_2", "the answer")] }));
+  const done = await r.next("done");
+  assert.deepEqual(strip(done), { type: "done", episode_id: "b1", reason: "submit", answer: "the answer", turns: 2 });
+  assert.equal(r.all.filter((f) => f.type === "tool_request" && f.name === "submit").length, 0, "submit is never a tool_request");
+});
+
+test("tool calls in one reply run sequentially; calls after submit do not run", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("s1"));
+  const req = await r.next("llm_request");
+  reply(r, req, completion({ toolCalls: [toolCall("a", "bash", { cmd: "one" }), toolCall("b", "read_file", { path: "two" })] }));
+  const t1 = await r.next("tool_request");
+  assert.equal(t1.arguments.cmd, "one");
+  // Probe: the runner handles frames in order, so if the second tool_request had
+  // been sent concurrently it would arrive before the answer to this probe.
+  r.send(episodeStart("probe-1"));
+  const probe = await r.next("episode_error");
+  assert.equal(probe.episode_id, "probe-1");
+  toolReply(r, t1, "first");
+  const t2 = await r.next("tool_request");
+  assert.equal(t2.name, "read_file");
+  assert.deepEqual(t2.arguments, { path: "two" });
+  toolReply(r, t2, "second", true);
+  const req2 = await r.next("llm_request");
+  assert.deepEqual(req2.openai_body.messages.slice(3), [
+    { role: "tool", tool_call_id: "a", content: "first" },
+    { role: "tool", tool_call_id: "b", content: "second" },
+  ]);
+  // bash, submit, bash: the last call never runs
+  reply(r, req2, completion({ toolCalls: [toolCall("c", "bash", { cmd: "three" }), submitCall("d", "fin"), toolCall("e", "bash", { cmd: "never" })] }));
+  const t3 = await r.next("tool_request");
+  assert.equal(t3.arguments.cmd, "three");
+  toolReply(r, t3, "ok");
+  const done = await r.next("done");
+  assert.deepEqual([done.reason, done.answer, done.turns], ["submit", "fin", 2]);
+  r.send(episodeStart("s2"));
+  const next = await r.next();
+  assert.equal(next.type, "llm_request", "no stray tool_request after submit");
+  assert.equal(next.episode_id, "s2");
+});
+
+test("strict correlation: wrong reply kind, unknown req_id and wrong episode are ignored", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("k1"));
+  const req = await r.next("llm_request");
+  reply(r, req, completion({ toolCalls: [toolCall("a", "bash", { cmd: "x" })] }));
+  const treq = await r.next("tool_request");
+  // right req_id but sent as an llm_response
+  r.send({ type: "llm_response", episode_id: "k1", req_id: treq.req_id, completion: completion({ toolCalls: [submitCall("z", "WRONG")] }) });
+  // right kind, unknown req_id
+  r.send({ type: "tool_response", episode_id: "k1", req_id: 9999, content: "stray", is_error: false });
+  // right kind and req_id, but another episode's id
+  r.send({ type: "tool_response", episode_id: "other", req_id: treq.req_id, content: "foreign", is_error: false });
+  // req_id as a string is not a match
+  r.send({ type: "tool_response", episode_id: "k1", req_id: String(treq.req_id), content: "stringly", is_error: false });
+  toolReply(r, treq, "real");
+  const req2 = await r.next("llm_request");
+  assert.equal(lastMessage(req2).content, "real");
+  await r.stderrMatches(/awaits a tool_response/);
+  await r.stderrMatches(/no pending request has that id/);
+  // a duplicate of the already-consumed reply is ignored too
+  toolReply(r, treq, "duplicate");
+  reply(r, req2, completion({ toolCalls: [submitCall("s", "done")] }));
+  const done = await r.next("done");
+  assert.equal(done.answer, "done");
+});
+
+test("provider error ends the episode with provider_error and the last text", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("pe"));
+  const req = await r.next("llm_request");
+  reply(r, req, completion({ content: "  thinking hard  ", toolCalls: [toolCall("a", "bash", { cmd: "x" })] }));
+  toolReply(r, await r.next("tool_request"), "out");
+  const req2 = await r.next("llm_request");
+  r.send({ type: "llm_response", episode_id: "pe", req_id: req2.req_id, error: "429 rate limited" });
+  const done = await r.next("done");
+  assert.deepEqual(strip(done), { type: "done", episode_id: "pe", reason: "provider_error", answer: "thinking hard", turns: 2 });
+});
+
+test("a completion without choices is a provider_error", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("pc"));
+  const req = await r.next("llm_request");
+  r.send({ type: "llm_response", episode_id: "pc", req_id: req.req_id, completion: { choices: [] } });
+  const done = await r.next("done");
+  assert.equal(done.reason, "provider_error");
+  await r.stderrMatches(/choices\[0\]/);
+});
+
+test("no tool call: nudged while fewer than 3 in a row, then done no_tool_call", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("n1"));
+  const nudge = "[ERROR] Your reply contained no tool call. " + NUDGE_TAIL;
+  let req = await r.next("llm_request");
+  reply(r, req, completion({ content: "I think the answer is 4." }));
+  req = await r.next("llm_request");
+  assert.deepEqual(req.openai_body.messages.slice(2), [
+    { role: "assistant", content: "I think the answer is 4." },
+    { role: "user", content: nudge },
+  ]);
+  reply(r, req, completion({ content: "Still 4." }));
+  req = await r.next("llm_request");
+  assert.equal(lastMessage(req).content, nudge);
+  assert.equal(req.openai_body.messages.filter((m) => m.content === nudge).length, 2);
+  reply(r, req, completion({ content: "   " }));
+  const done = await r.next("done");
+  assert.deepEqual(strip(done), { type: "done", episode_id: "n1", reason: "no_tool_call", answer: "Still 4.", turns: 3 });
+});
+
+test("a tool call resets the non-action streak", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("n2"));
+  let req = await r.next("llm_request");
+  reply(r, req, completion({ content: "prose" }));
+  req = await r.next("llm_request");
+  reply(r, req, completion({ content: "prose" }));
+  req = await r.next("llm_request");
+  reply(r, req, completion({ toolCalls: [toolCall("a", "bash", { cmd: "x" })] }));
+  toolReply(r, await r.next("tool_request"), "ok");
+  for (let i = 0; i < 2; i++) {
+    req = await r.next("llm_request");
+    reply(r, req, completion({ content: "prose again" }));
+  }
+  req = await r.next("llm_request");
+  reply(r, req, completion({ content: "prose again" }));
+  const done = await r.next("done");
+  assert.deepEqual([done.reason, done.turns], ["no_tool_call", 6]);
+});
+
+test("max_turns ends the loop", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("m1", { max_turns: 2 }));
+  for (let i = 0; i < 2; i++) {
+    const req = await r.next("llm_request");
+    reply(r, req, completion({ content: `turn ${i}`, toolCalls: [toolCall(`c${i}`, "bash", { cmd: "x" })] }));
+    toolReply(r, await r.next("tool_request"), "ok");
+  }
+  const done = await r.next("done");
+  assert.deepEqual(strip(done), { type: "done", episode_id: "m1", reason: "max_turns", answer: "turn 1", turns: 2 });
+});
+
+test("no nudge on the last allowed turn: the classification is reported", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("m2", { max_turns: 1 }));
+  const req = await r.next("llm_request");
+  reply(r, req, completion({ content: "prose" }));
+  const done = await r.next("done");
+  assert.deepEqual([done.reason, done.answer, done.turns], ["no_tool_call", "prose", 1]);
+});
+
+test("finish_reason length: calls not run, output_truncated nudge; unparsed tool call nudge", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("l1", { max_output_tokens: 512 }));
+  let req = await r.next("llm_request");
+  reply(r, req, completion({ content: "writing", toolCalls: [toolCall("a", "write_file", '{"path":"x","content":"abc')], finish: "length" }));
+  req = await r.next("llm_request"); // no tool_request in between
+  const truncNudge =
+    "[ERROR] None of the requested actions ran because the reply exceeded 512 output tokens. " +
+    "Re-issue the work in chunks well under that limit. " + NUDGE_TAIL;
+  assert.deepEqual(req.openai_body.messages.slice(2), [
+    { role: "assistant", content: "writing" },
+    { role: "user", content: truncNudge },
+  ]);
+  reply(r, req, completion({ content: "<tool_call>bash", extra: { wmo_unparsed_tool_calls: ["unclosed <tool_call> block", "bad JSON in arguments"] } }));
+  req = await r.next("llm_request");
+  assert.equal(
+    lastMessage(req).content,
+    "[ERROR] Nothing was executed. The tool-call parser reported: unclosed <tool_call> block; bad JSON in arguments. " +
+      "Emit the call again in the documented format, closing every block. " + NUDGE_TAIL
+  );
+  // a third non-action in a row ends the episode with its own classification
+  reply(r, req, completion({ content: "long", finish: "length" }));
+  const done = await r.next("done");
+  assert.deepEqual([done.reason, done.answer, done.turns], ["output_truncated", "long", 3]);
+  assert.equal(r.all.filter((f) => f.type === "tool_request").length, 0);
+});
+
+test("malformed arguments JSON yields a tool error message and the loop continues", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("j1"));
+  let req = await r.next("llm_request");
+  reply(r, req, completion({ toolCalls: [toolCall("a", "bash", "{not json"), toolCall("b", "bash", { cmd: "ok" }), toolCall("c", "bash", "[1,2]")] }));
+  const treq = await r.next("tool_request");
+  assert.equal(treq.arguments.cmd, "ok");
+  toolReply(r, treq, "fine");
+  req = await r.next("llm_request");
+  const tools = req.openai_body.messages.filter((m) => m.role === "tool");
+  assert.equal(tools.length, 3);
+  assert.equal(tools[0].tool_call_id, "a");
+  assert.match(tools[0].content, /^error: could not parse the arguments of bash as JSON: \S/);
+  assert.deepEqual(tools[1], { role: "tool", tool_call_id: "b", content: "fine" });
+  assert.match(tools[2].content, /^error: could not parse the arguments of bash as JSON: expected a JSON object/);
+  // arguments given as an object (not a string) are accepted; a bad submit is reported, not run
+  reply(r, req, completion({ toolCalls: [{ id: "d", type: "function", function: { name: "submit", arguments: "{oops" } }] }));
+  req = await r.next("llm_request");
+  assert.match(lastMessage(req).content, /^error: could not parse the arguments of submit as JSON/);
+  reply(r, req, completion({ toolCalls: [{ id: "e", type: "function", function: { name: "submit", arguments: { answer: "obj" } } }] }));
+  const done = await r.next("done");
+  assert.deepEqual([done.reason, done.answer], ["submit", "obj"]);
+});
+
+// ---------------------------------------------------------------------------
+// Keepalive, concurrency, shutdown
+
+test("keepalive frames flow during an episode and stop after it", async (t) => {
+  const r = await startRunner(t, { env: { WMO_KEEPALIVE_MS: "50" } });
+  r.send(episodeStart("ka"));
+  const req = await r.next("llm_request");
+  for (let i = 0; i < 3; i++) {
+    const ka = await r.waitFor((f) => f.type === "transport_keepalive", { what: "a keepalive" });
+    assert.deepEqual(strip(ka), { type: "transport_keepalive" });
+  }
+  reply(r, req, completion({ toolCalls: [submitCall("s", "x")] }));
+  await r.next("done");
+  const count = r.all.length;
+  await new Promise((res) => setTimeout(res, 300)); // six intervals
+  assert.equal(r.all.length, count, "no frames after the episode ended");
+});
+
+test("a second episode_start while one runs gets episode_error", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("first"));
+  const req = await r.next("llm_request");
+  r.send(episodeStart("second"));
+  const err = await r.next("episode_error");
+  assert.equal(err.episode_id, "second");
+  assert.match(err.note, /already running/);
+  reply(r, req, completion({ toolCalls: [submitCall("s", "one")] }));
+  const done = await r.next("done");
+  assert.deepEqual([done.episode_id, done.answer], ["first", "one"]);
+  // once the first ended, a new one is accepted
+  r.send(episodeStart("third"));
+  assert.equal((await r.next("llm_request")).episode_id, "third");
+});
+
+test("shutdown exits 0", async (t) => {
+  const r = await startRunner(t);
+  r.send({ type: "shutdown" });
+  assert.equal(await r.exitCode(), 0);
+});
+
+test("stdin EOF exits 0, also mid-episode", async (t) => {
+  const r = await startRunner(t);
+  r.child.stdin.end();
+  assert.equal(await r.exitCode(), 0);
+  const r2 = await startRunner(t, { env: { WMO_KEEPALIVE_MS: "20" } });
+  r2.send(episodeStart("eof"));
+  await r2.next("llm_request");
+  r2.child.stdin.end();
+  assert.equal(await r2.exitCode(), 0);
+});
+
+test("too-old Node exits 3 with a message", async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), "wmo-runner-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const preload = join(dir, "old-node.cjs");
+  writeFileSync(preload, 'Object.defineProperty(process, "version", { value: "v16.20.2" });\n');
+  const r = new Runner({ nodeArgs: ["--require", preload] });
+  t.after(() => r.close());
+  assert.equal(await r.exitCode(), 3);
+  await r.stderrMatches(/wmo-e2b runner needs Node\.js >= 18 \(found v16\.20\.2\)/);
+  assert.equal(r.all.length, 0, "no hello from a too-old Node");
+});
+
+// ---------------------------------------------------------------------------
+// User harness
+
+test("user harness: ctx.llm, ctx.tool, ctx.submit, ctx.log and extra files", async (t) => {
+  const root = mkdtempSync(join(tmpdir(), "wmo-runner-"));
+  t.after(() => rmSync(root, { recursive: true, force: true }));
+  const r = await startRunner(t, { cwd: root });
+  const agent = `
+import { shout } from "./lib/util.mjs";
+import { readFileSync } from "node:fs";
+export async function runEpisode(ctx) {
+  const data = readFileSync(new URL("./data/notes.txt", import.meta.url), "utf8");
+  ctx.log(shout(ctx.taskId) + " " + ctx.maxTurns + " " + ctx.maxOutputTokens + " " + data + " " + ctx.tools.length);
+  const c = await ctx.llm({ messages: [{ role: "system", content: ctx.system }, { role: "user", content: ctx.instruction }], tools: ctx.tools });
+  const r = await ctx.tool("bash", { cmd: c.choices[0].message.content });
+  ctx.log("tool said " + r.content + " " + r.isError);
+  let err = "none";
+  try { await ctx.llm({ messages: [] }); } catch (e) { err = e.message; }
+  ctx.submit("answer:" + r.content + ":" + err);
+  ctx.submit("second submit is a no-op");
+  ctx.log("after submit: dropped");
+  return "ignored";
+}`;
+  r.send(
+    episodeStart("h1", {
+      instruction: "say hi",
+      max_turns: 9,
+      files: { "agent.mjs": agent, "lib/util.mjs": "export const shout = (s) => s.toUpperCase();", "data/notes.txt": "nötes" },
+    })
+  );
+  const log1 = await r.next("log");
+  assert.deepEqual(strip(log1), { type: "log", episode_id: "h1", message: "TASK-H1 9 256 nötes 4" });
+  const req = await r.next("llm_request");
+  assert.deepEqual(req.openai_body, {
+    messages: [{ role: "system", content: "you are a test agent" }, { role: "user", content: "say hi" }],
+    tools: TOOLS,
+  });
+  reply(r, req, completion({ content: "echo hi" }));
+  const treq = await r.next("tool_request");
+  assert.deepEqual(strip(treq), { type: "tool_request", req_id: treq.req_id, episode_id: "h1", name: "bash", arguments: { cmd: "echo hi" } });
+  toolReply(r, treq, "hi", true);
+  const log2 = await r.next("log");
+  assert.equal(log2.message, "tool said hi true");
+  const req2 = await r.next("llm_request");
+  r.send({ type: "llm_response", episode_id: "h1", req_id: req2.req_id, error: "upstream 500" });
+  const done = await r.next("done");
+  assert.deepEqual(strip(done), { type: "done", episode_id: "h1", reason: "submit", answer: "answer:hi:upstream 500", turns: 2 });
+  assert.ok(!existsSync(join(root, "ep-h1")), "episode dir removed by the time done is sent");
+  // nothing more from that episode: the next frame belongs to a new one
+  r.send(episodeStart("h2"));
+  assert.equal((await r.next()).episode_id, "h2");
+});
+
+test("user harness returning without submit: done no_tool_call with its string result", async (t) => {
+  const root = mkdtempSync(join(tmpdir(), "wmo-runner-"));
+  t.after(() => rmSync(root, { recursive: true, force: true }));
+  const r = await startRunner(t, { cwd: root });
+  r.send(episodeStart("r1", { files: { "agent.mjs": "export async function runEpisode() { return 'my result'; }" } }));
+  const done = await r.next("done");
+  assert.deepEqual(strip(done), { type: "done", episode_id: "r1", reason: "no_tool_call", answer: "my result", turns: 0 });
+  r.send(episodeStart("r2", { files: { "agent.mjs": "export function runEpisode() { return 42; }" } }));
+  const done2 = await r.next("done");
+  assert.deepEqual([done2.reason, done2.answer], ["no_tool_call", ""]);
+  assert.deepEqual(readdirSync(root), []);
+});
+
+test("user harness that throws, or lacks runEpisode, or fails to import: episode_error", async (t) => {
+  const root = mkdtempSync(join(tmpdir(), "wmo-runner-"));
+  t.after(() => rmSync(root, { recursive: true, force: true }));
+  const r = await startRunner(t, { cwd: root });
+  r.send(episodeStart("x1", { files: { "agent.mjs": "export async function runEpisode(ctx) { ctx.log('before'); throw new Error('kaboom'); }" } }));
+  await r.next("log");
+  const e1 = await r.next("episode_error");
+  assert.equal(e1.episode_id, "x1");
+  assert.match(e1.note, /kaboom/);
+  r.send(episodeStart("x2", { files: { "agent.mjs": "export const somethingElse = 1;" } }));
+  const e2 = await r.next("episode_error");
+  assert.equal(e2.episode_id, "x2");
+  assert.match(e2.note, /runEpisode/);
+  r.send(episodeStart("x3", { files: { "agent.mjs": "export function runEpisode( {" } }));
+  const e3 = await r.next("episode_error");
+  assert.equal(e3.episode_id, "x3");
+  assert.match(e3.note, /SyntaxError/);
+  // an error thrown from a timer inside the harness fails the episode, not the runner
+  r.send(episodeStart("x4", { files: { "agent.mjs": "export function runEpisode() { setTimeout(() => { throw new Error('late'); }, 1); return new Promise(() => {}); }" } }));
+  const e4 = await r.next("episode_error");
+  assert.equal(e4.episode_id, "x4");
+  assert.match(e4.note, /late/);
+  assert.deepEqual(readdirSync(root), []);
+  // the runner still works
+  r.send(episodeStart("x5"));
+  assert.equal((await r.next("llm_request")).episode_id, "x5");
+});
+
+test("path traversal in files is refused and nothing is written", async (t) => {
+  const root = mkdtempSync(join(tmpdir(), "wmo-runner-"));
+  t.after(() => rmSync(root, { recursive: true, force: true }));
+  const cwd = join(root, "cwd");
+  writeFileSync(join(root, "marker"), "");
+  mkdirSync(cwd);
+  const r = await startRunner(t, { cwd });
+  const agent = "export async function runEpisode(ctx) { ctx.submit('should not run'); }";
+  const abs = join(root, "abs-target.txt");
+  const cases = [
+    ["../x", /"\.\.\/x".*'\.\.' component/],
+    [abs, /absolute/],
+    ["sub/../../y", /'\.\.' component/],
+    ["", /empty/],
+    [".", /outside the episode directory/],
+  ];
+  let n = 0;
+  for (const [rel, re] of cases) {
+    const id = "t" + n++;
+    r.send(episodeStart(id, { files: { "agent.mjs": agent, "ok.txt": "fine", [rel]: "pwned" } }));
+    const err = await r.next("episode_error");
+    assert.equal(err.episode_id, id);
+    assert.ok(err.note.includes(JSON.stringify(rel)), `note names the path: ${err.note}`);
+    assert.match(err.note, re);
+  }
+  assert.ok(!existsSync(join(root, "x")));
+  assert.ok(!existsSync(join(root, "y")));
+  assert.ok(!existsSync(abs));
+  assert.deepEqual(readdirSync(cwd), [], "no episode directory left behind");
+  assert.deepEqual(readdirSync(root).sort(), ["cwd", "marker"]);
+});
+
+test("files without agent.mjs are ignored by the builtin harness", async (t) => {
+  const root = mkdtempSync(join(tmpdir(), "wmo-runner-"));
+  t.after(() => rmSync(root, { recursive: true, force: true }));
+  const r = await startRunner(t, { cwd: root });
+  r.send(episodeStart("f1", { files: { "src/agent.ts": "x", "../evil": "y" } }));
+  const req = await r.next("llm_request");
+  reply(r, req, completion({ toolCalls: [submitCall("s", "a")] }));
+  await r.next("done");
+  assert.deepEqual(readdirSync(root), []);
+});
+
+test("shutdown or EOF mid user-harness episode still removes its directory", async (t) => {
+  const root = mkdtempSync(join(tmpdir(), "wmo-runner-"));
+  t.after(() => rmSync(root, { recursive: true, force: true }));
+  const agent = "export async function runEpisode(ctx) { await ctx.tool('bash', { cmd: 'sleep' }); }";
+  for (const how of ["shutdown", "eof"]) {
+    const r = await startRunner(t, { cwd: root });
+    r.send(episodeStart("d-" + how, { files: { "agent.mjs": agent } }));
+    await r.next("tool_request");
+    assert.ok(existsSync(join(root, "ep-d-" + how, "agent.mjs")));
+    if (how === "shutdown") r.send({ type: "shutdown" });
+    else r.child.stdin.end();
+    assert.equal(await r.exitCode(), 0);
+    assert.deepEqual(readdirSync(root), []);
+  }
+});
+
+test("an assistant turn with null content and no tool calls is echoed with empty content", async (t) => {
+  const r = await startRunner(t);
+  r.send(episodeStart("nc"));
+  let req = await r.next("llm_request");
+  reply(r, req, completion({ content: null }));
+  req = await r.next("llm_request");
+  assert.deepEqual(req.openai_body.messages[2], { role: "assistant", content: "" });
+  reply(r, req, completion({ content: null, toolCalls: [toolCall("a", "bash", "")] }));
+  const treq = await r.next("tool_request");
+  assert.deepEqual(treq.arguments, {}, "empty arguments string reads as {}");
+  toolReply(r, treq, "x");
+  req = await r.next("llm_request");
+  assert.deepEqual(req.openai_body.messages[4], { role: "assistant", content: null, tool_calls: [toolCall("a", "bash", "")] });
+  reply(r, req, completion({ toolCalls: [toolCall("s", "submit", { answer: { k: [1] } })] }));
+  const done = await r.next("done");
+  assert.equal(done.answer, '{"k":[1]}', "non-string answers are JSON-encoded");
+});
+
+test("episode_start defaults: missing limits fall back, missing temperature is omitted", async (t) => {
+  const r = await startRunner(t);
+  r.send({ type: "episode_start", episode_id: "def", instruction: "i", system: "s", tools: TOOLS });
+  const req = await r.next("llm_request");
+  assert.deepEqual(Object.keys(req.openai_body).sort(), ["max_tokens", "messages", "tools"]);
+  assert.equal(req.openai_body.max_tokens, 4096);
+  reply(r, req, completion({ toolCalls: [toolCall("s", "submit", {})] }));
+  const done = await r.next("done");
+  assert.deepEqual([done.reason, done.answer], ["submit", ""]);
+  r.send({ type: "episode_start", instruction: "no id" });
+  const err = await r.next("episode_error");
+  assert.equal(err.episode_id, null);
+  assert.match(err.note, /episode_id/);
+});

@@ -1,0 +1,75 @@
+// Long-running and timing checks: 500 episodes in one runner process, and the
+// spawn-to-hello latency. Neither asserts a tight bound (machines differ); both
+// print what they measured as test diagnostics.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+import { Runner, completion, episodeStart, reply, startRunner, toolCall, toolReply } from "./frames.test.mjs";
+
+test("500 sequential tiny episodes in one process", async (t) => {
+  const root = mkdtempSync(join(tmpdir(), "wmo-runner-soak-"));
+  t.after(() => rmSync(root, { recursive: true, force: true }));
+  const r = await startRunner(t, { cwd: root, env: { WMO_KEEPALIVE_MS: "5" } });
+  const agent = "export async function runEpisode(ctx) { const c = await ctx.llm({}); ctx.submit(c.id); }";
+  let rssAt50 = 0;
+  let expectedReqId = 1;
+  const started = Date.now();
+  for (let i = 1; i <= 500; i++) {
+    const id = "soak-" + i;
+    // a user-harness episode every 50th, builtin otherwise
+    const user = i % 50 === 0;
+    r.send(episodeStart(id, user ? { files: { "agent.mjs": agent } } : { instruction: "task " + i }));
+    const req = await r.next("llm_request");
+    assert.equal(req.episode_id, id);
+    assert.equal(req.req_id, expectedReqId++);
+    if (user) {
+      reply(r, req, { ...completion({ content: "x" }), id: "answer-" + i });
+    } else if (i % 3 === 0) {
+      reply(r, req, completion({ toolCalls: [toolCall("a", "bash", { cmd: "echo " + i })] }));
+      const treq = await r.next("tool_request");
+      assert.equal(treq.req_id, expectedReqId++);
+      toolReply(r, treq, "out " + i);
+      const req2 = await r.next("llm_request");
+      assert.equal(req2.req_id, expectedReqId++);
+      reply(r, req2, completion({ toolCalls: [toolCall("b", "submit", { answer: "answer-" + i })] }));
+    } else {
+      reply(r, req, completion({ toolCalls: [toolCall("b", "submit", { answer: "answer-" + i })] }));
+    }
+    const done = await r.next("done");
+    assert.equal(done.episode_id, id);
+    assert.equal(done.answer, "answer-" + i);
+    assert.equal(done.reason, "submit");
+    if (i === 50) rssAt50 = r.rssKb();
+    // keep the consumed-frame log from growing in the test process
+    r.all.length = 0;
+  }
+  const rssAt500 = r.rssKb();
+  const ms = Date.now() - started;
+  t.diagnostic(`500 episodes in ${ms} ms; runner VmRSS ${rssAt50} kB after 50, ${rssAt500} kB after 500 (growth ${rssAt500 - rssAt50} kB)`);
+  assert.deepEqual(readdirSync(root), [], "no episode directories left behind");
+  // generous sanity bound only: a real per-episode leak of the message history would blow far past it
+  assert.ok(rssAt500 - rssAt50 < 64 * 1024, `RSS grew by ${rssAt500 - rssAt50} kB`);
+  r.send({ type: "shutdown" });
+  assert.equal(await r.exitCode(), 0);
+});
+
+test("spawn-to-hello latency (median of 20)", async (t) => {
+  const samples = [];
+  for (let i = 0; i < 20; i++) {
+    const r = new Runner();
+    try {
+      await r.hello();
+      samples.push(Number(r.helloAt - r.spawnedAt) / 1e6);
+    } finally {
+      await r.close();
+    }
+  }
+  samples.sort((a, b) => a - b);
+  const median = (samples[9] + samples[10]) / 2;
+  t.diagnostic(`hello latency: median ${median.toFixed(1)} ms, min ${samples[0].toFixed(1)} ms, max ${samples[19].toFixed(1)} ms`);
+  assert.ok(median < 2000, `median hello latency ${median} ms`);
+});

@@ -1,0 +1,522 @@
+//! The stdio channel: frames over a background process's stdin and stdout.
+//!
+//! One reader thread per channel turns the process's output events into frames on a
+//! crossbeam channel. It reassembles partial lines, drops (with a diagnostic) any line over
+//! [`MAX_LINE`] instead of buffering it, keeps the last [`STDERR_LINES`] stderr lines for
+//! error messages, and consumes `transport_keepalive` frames itself (renewing the sandbox
+//! lease) so they never reach the broker.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use serde_json::{json, Value};
+
+use super::frame::{self, frame_type, Frame};
+use super::renewal::LeaseRenewal;
+use crate::sandbox::{Process, ProcessEvent, Sandbox, SandboxError};
+
+/// Longest line the reader assembles; a longer one is skipped as a diagnostic.
+pub const MAX_LINE: usize = 64 << 20;
+/// Stderr lines kept for error messages.
+pub const STDERR_LINES: usize = 50;
+/// Longest stderr line kept (a runner printing a huge line must not pin memory).
+const MAX_STDERR_LINE: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error("no frame from the runner within {waited:?}{}", tail_suffix(.stderr_tail))]
+    Timeout {
+        waited: Duration,
+        stderr_tail: String,
+    },
+    #[error("the runner process exited ({}) mid-episode{}", exit_text(*.code), tail_suffix(.stderr_tail))]
+    Exited {
+        code: Option<i32>,
+        stderr_tail: String,
+    },
+    #[error("the runner's output stream failed{}", tail_suffix(.stderr_tail))]
+    StreamFailed {
+        #[source]
+        source: SandboxError,
+        stderr_tail: String,
+    },
+    #[error("could not send a frame to the runner{}", tail_suffix(.stderr_tail))]
+    Send {
+        #[source]
+        source: SandboxError,
+        stderr_tail: String,
+    },
+}
+
+impl ChannelError {
+    pub fn stderr_tail(&self) -> &str {
+        match self {
+            ChannelError::Timeout { stderr_tail, .. }
+            | ChannelError::Exited { stderr_tail, .. }
+            | ChannelError::StreamFailed { stderr_tail, .. }
+            | ChannelError::Send { stderr_tail, .. } => stderr_tail,
+        }
+    }
+}
+
+fn exit_text(code: Option<i32>) -> String {
+    code.map_or_else(|| "killed by a signal".to_string(), |c| format!("exit {c}"))
+}
+
+fn tail_suffix(tail: &str) -> String {
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!("; recent runner stderr:\n{tail}")
+    }
+}
+
+/// How the output stream ended.
+#[derive(Debug, Clone)]
+enum End {
+    Exited(Option<i32>),
+    Failed(Arc<SandboxError>),
+}
+
+enum Incoming {
+    Frame(Frame),
+    End(End),
+}
+
+/// State the reader thread and the channel both touch.
+struct Shared {
+    stderr: Mutex<VecDeque<String>>,
+    renewal: Mutex<Option<LeaseRenewal>>,
+}
+
+impl Shared {
+    fn stderr(&self) -> MutexGuard<'_, VecDeque<String>> {
+        self.stderr.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn renewal(&self) -> MutexGuard<'_, Option<LeaseRenewal>> {
+        self.renewal.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push_stderr(&self, line: String) {
+        let mut ring = self.stderr();
+        if ring.len() == STDERR_LINES {
+            ring.pop_front();
+        }
+        ring.push_back(line);
+    }
+
+    fn tail(&self) -> String {
+        self.stderr().iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+}
+
+/// A framed channel to one runner process.
+pub struct StdioChannel {
+    sandbox: Arc<dyn Sandbox>,
+    pid: u32,
+    rx: Receiver<Incoming>,
+    shared: Arc<Shared>,
+    ended: Option<End>,
+    closed: bool,
+}
+
+impl StdioChannel {
+    /// Starts the reader thread over `process`'s events. With `renewal`, keepalives during an
+    /// episode extend the sandbox's timeout.
+    pub fn new(sandbox: Arc<dyn Sandbox>, process: Process, renewal: Option<LeaseRenewal>) -> Self {
+        let shared = Arc::new(Shared {
+            stderr: Mutex::new(VecDeque::with_capacity(STDERR_LINES)),
+            renewal: Mutex::new(renewal),
+        });
+        // Bounded so a runner that floods frames is slowed by backpressure rather than
+        // growing host memory.
+        let (tx, rx) = crossbeam_channel::bounded(1024);
+        let reader = Reader {
+            sandbox: sandbox.clone(),
+            shared: shared.clone(),
+            tx,
+            stdout: LineBuffer::default(),
+            stderr: LineBuffer::default(),
+        };
+        let events = process.events;
+        let spawned = std::thread::Builder::new()
+            .name(format!("chan-{}", process.pid))
+            .spawn(move || reader.run(events));
+        let mut ended = None;
+        if let Err(e) = spawned {
+            ended = Some(End::Failed(Arc::new(SandboxError::Io {
+                id: sandbox.id().to_string(),
+                what: "starting the channel reader thread".into(),
+                source: e,
+            })));
+        }
+        StdioChannel {
+            sandbox,
+            pid: process.pid,
+            rx,
+            shared,
+            ended,
+            closed: false,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn sandbox(&self) -> &Arc<dyn Sandbox> {
+        &self.sandbox
+    }
+
+    pub fn stderr_tail(&self) -> String {
+        self.shared.tail()
+    }
+
+    /// Sends one frame. `episode_start` starts the lease-renewal clock.
+    pub fn send(&self, frame: &Value) -> Result<(), ChannelError> {
+        if frame.get("type").and_then(Value::as_str) == Some("episode_start") {
+            if let Some(r) = self.shared.renewal().as_mut() {
+                r.episode_started(Instant::now());
+            }
+        }
+        let line = frame::encode(frame);
+        match self.sandbox.send_stdin(self.pid, &line) {
+            Ok(()) => Ok(()),
+            Err(source) => Err(self.explain_send_failure(source)),
+        }
+    }
+
+    /// A write to a runner that has died fails with whatever the pipe says; the truth (its
+    /// exit and last words) is usually already on its way through the output stream, so wait
+    /// briefly for it and report that instead.
+    fn explain_send_failure(&self, source: SandboxError) -> ChannelError {
+        const GRACE: Duration = Duration::from_millis(500);
+        let deadline = Instant::now() + GRACE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                // The episode is lost either way; frames still in flight do not matter.
+                Ok(Incoming::Frame(_)) => continue,
+                Ok(Incoming::End(End::Exited(code))) => {
+                    return ChannelError::Exited {
+                        code,
+                        stderr_tail: self.shared.tail(),
+                    }
+                }
+                Ok(Incoming::End(End::Failed(e))) => {
+                    return ChannelError::StreamFailed {
+                        source: clone_sandbox_error(&e),
+                        stderr_tail: self.shared.tail(),
+                    }
+                }
+                Err(_) => {
+                    return ChannelError::Send {
+                        source,
+                        stderr_tail: self.shared.tail(),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next frame, `Ok(None)` once the channel was closed by us. End of the stream is
+    /// sticky: every later call reports it again.
+    pub fn recv(&mut self, timeout: Duration) -> Result<Option<Frame>, ChannelError> {
+        if let Some(end) = &self.ended {
+            return self.end_error(end.clone());
+        }
+        match self.rx.recv_timeout(timeout) {
+            Ok(Incoming::Frame(f)) => Ok(Some(f)),
+            Ok(Incoming::End(end)) => {
+                self.ended = Some(end.clone());
+                self.end_error(end)
+            }
+            Err(RecvTimeoutError::Timeout) => Err(ChannelError::Timeout {
+                waited: timeout,
+                stderr_tail: self.shared.tail(),
+            }),
+            Err(RecvTimeoutError::Disconnected) => {
+                let end = End::Exited(None);
+                self.ended = Some(end.clone());
+                self.end_error(end)
+            }
+        }
+    }
+
+    fn end_error(&self, end: End) -> Result<Option<Frame>, ChannelError> {
+        if self.closed {
+            return Ok(None);
+        }
+        let stderr_tail = self.shared.tail();
+        Err(match end {
+            End::Exited(code) => ChannelError::Exited { code, stderr_tail },
+            End::Failed(e) => ChannelError::StreamFailed {
+                source: clone_sandbox_error(&e),
+                stderr_tail,
+            },
+        })
+    }
+
+    /// Waits for `hello`, skipping anything else.
+    pub fn wait_hello(&mut self, timeout: Duration) -> Result<Frame, ChannelError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ChannelError::Timeout {
+                    waited: timeout,
+                    stderr_tail: self.shared.tail(),
+                });
+            }
+            match self.recv(left) {
+                Ok(Some(f)) if frame_type(&f) == "hello" => return Ok(f),
+                Ok(Some(_)) => continue,
+                Ok(None) => {
+                    return Err(ChannelError::Exited {
+                        code: None,
+                        stderr_tail: self.shared.tail(),
+                    })
+                }
+                Err(ChannelError::Timeout { .. }) => {
+                    return Err(ChannelError::Timeout {
+                        waited: timeout,
+                        stderr_tail: self.shared.tail(),
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The episode ended host-side; stop renewing the lease.
+    pub fn episode_ended(&self) {
+        if let Some(r) = self.shared.renewal().as_mut() {
+            r.episode_ended();
+        }
+    }
+
+    /// Asks the runner to exit. Idempotent; it does not kill the process.
+    pub fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        self.episode_ended();
+        // Best effort: a runner that is already gone needs no shutdown.
+        let _ = self
+            .sandbox
+            .send_stdin(self.pid, &frame::encode(&json!({"type": "shutdown"})));
+    }
+}
+
+impl Drop for StdioChannel {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Sandbox errors are not `Clone` (they carry io errors); the sticky end re-reports a copy
+/// that keeps the class and the message.
+fn clone_sandbox_error(e: &SandboxError) -> SandboxError {
+    SandboxError::Remote {
+        class: e.class(),
+        message: e.to_string(),
+        source: None,
+    }
+}
+
+/// Splits a byte stream into lines, bounded by [`MAX_LINE`].
+#[derive(Default)]
+struct LineBuffer {
+    pending: Vec<u8>,
+    /// Bytes of an over-long line skipped so far; the rest of it is dropped up to `\n`.
+    skipping: Option<usize>,
+}
+
+enum Piece<'a> {
+    Line(&'a [u8]),
+    Oversized(usize),
+}
+
+impl LineBuffer {
+    /// Feeds a chunk, calling `sink` for every complete line (without `\n`).
+    fn feed(&mut self, mut chunk: &[u8], max: usize, mut sink: impl FnMut(Piece<'_>)) {
+        while !chunk.is_empty() {
+            let nl = memchr::memchr(b'\n', chunk);
+            let (part, rest, complete) = match nl {
+                Some(i) => (&chunk[..i], &chunk[i + 1..], true),
+                None => (chunk, &chunk[..0], false),
+            };
+            chunk = rest;
+            if let Some(skipped) = self.skipping.as_mut() {
+                *skipped += part.len();
+                if complete {
+                    let n = *skipped;
+                    self.skipping = None;
+                    sink(Piece::Oversized(n));
+                }
+                continue;
+            }
+            if self.pending.len() + part.len() > max {
+                self.skipping = Some(self.pending.len() + part.len());
+                self.pending = Vec::new();
+                if complete {
+                    let n = self.skipping.take().unwrap_or(0);
+                    sink(Piece::Oversized(n));
+                }
+                continue;
+            }
+            if complete {
+                if self.pending.is_empty() {
+                    sink(Piece::Line(part));
+                } else {
+                    self.pending.extend_from_slice(part);
+                    let line = std::mem::take(&mut self.pending);
+                    sink(Piece::Line(&line));
+                }
+            } else {
+                self.pending.extend_from_slice(part);
+            }
+        }
+    }
+}
+
+struct Reader {
+    sandbox: Arc<dyn Sandbox>,
+    shared: Arc<Shared>,
+    tx: Sender<Incoming>,
+    stdout: LineBuffer,
+    stderr: LineBuffer,
+}
+
+impl Reader {
+    fn run(mut self, events: Receiver<ProcessEvent>) {
+        let end = loop {
+            match events.recv() {
+                Ok(ProcessEvent::Stdout(chunk)) => {
+                    if !self.on_stdout(&chunk) {
+                        return;
+                    }
+                }
+                Ok(ProcessEvent::Stderr(chunk)) => self.on_stderr(&chunk),
+                Ok(ProcessEvent::Exit(code)) => break End::Exited(code),
+                Ok(ProcessEvent::Failed(e)) => {
+                    self.shared
+                        .push_stderr(format!("[channel] output stream failed: {e}"));
+                    break End::Failed(Arc::new(e));
+                }
+                Err(_) => break End::Exited(None),
+            }
+        };
+        let _ = self.tx.send(Incoming::End(end));
+    }
+
+    /// Returns false when the channel was dropped and reading is pointless.
+    fn on_stdout(&mut self, chunk: &[u8]) -> bool {
+        let mut frames = Vec::new();
+        let shared = &self.shared;
+        self.stdout.feed(chunk, MAX_LINE, |piece| match piece {
+            Piece::Line(line) => {
+                if line.trim_ascii().is_empty() {
+                    return;
+                }
+                match frame::decode(line) {
+                    Ok(f) => frames.push(f),
+                    Err(e) => shared.push_stderr(format!(
+                        "[stdout] {} ({e})",
+                        String::from_utf8_lossy(&line[..line.len().min(MAX_STDERR_LINE)])
+                    )),
+                }
+            }
+            Piece::Oversized(n) => shared.push_stderr(format!(
+                "[channel] dropped a {n}-byte stdout line (over the {MAX_LINE}-byte limit)"
+            )),
+        });
+        for f in frames {
+            match frame_type(&f) {
+                "transport_keepalive" => {
+                    self.renew();
+                    continue;
+                }
+                "done" | "episode_error" => {
+                    if let Some(r) = self.shared.renewal().as_mut() {
+                        r.episode_ended();
+                    }
+                }
+                _ => {}
+            }
+            if self.tx.send(Incoming::Frame(f)).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn on_stderr(&mut self, chunk: &[u8]) {
+        let shared = &self.shared;
+        self.stderr
+            .feed(chunk, MAX_STDERR_LINE, |piece| match piece {
+                Piece::Line(line) => {
+                    let text = String::from_utf8_lossy(line);
+                    if !text.trim().is_empty() {
+                        shared.push_stderr(text.into_owned());
+                    }
+                }
+                Piece::Oversized(n) => shared.push_stderr(format!("[stderr] ({n}-byte line cut)")),
+            });
+    }
+
+    fn renew(&self) {
+        let now = Instant::now();
+        let due = self.shared.renewal().as_ref().and_then(|r| r.due(now));
+        let Some(secs) = due else { return };
+        match self.sandbox.set_timeout(secs) {
+            Ok(()) => {
+                if let Some(r) = self.shared.renewal().as_mut() {
+                    r.renewed(now);
+                }
+            }
+            Err(e) => self
+                .shared
+                .push_stderr(format!("[channel] sandbox timeout refresh failed: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(chunks: &[&[u8]], max: usize) -> Vec<String> {
+        let mut buf = LineBuffer::default();
+        let mut out = Vec::new();
+        for c in chunks {
+            buf.feed(c, max, |p| {
+                out.push(match p {
+                    Piece::Line(l) => String::from_utf8_lossy(l).into_owned(),
+                    Piece::Oversized(n) => format!("<{n}>"),
+                })
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn reassembles_partial_lines_and_splits_joined_ones() {
+        assert_eq!(
+            lines(&[b"ab", b"c\nde", b"f\ng\n"], 100),
+            vec!["abc", "def", "g"]
+        );
+    }
+
+    #[test]
+    fn oversized_lines_are_dropped_not_buffered() {
+        let out = lines(&[b"0123", b"456789", b"xx\nok\n"], 5);
+        assert_eq!(out, vec!["<12>", "ok"]);
+        let out = lines(&[b"0123456789\nok\n"], 5);
+        assert_eq!(out, vec!["<10>", "ok"]);
+    }
+}

@@ -1,0 +1,284 @@
+//! `wmo-e2b eval`: options, wiring, Ctrl-C, and the final summary.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use wmo_e2b::cancel::CancelToken;
+use wmo_e2b::eval::{self, results, EvalLimits, EvalRun, EvalSummary};
+use wmo_e2b::provider::openai::{OpenAiConfig, OpenAiProvider};
+use wmo_e2b::provider::scripted::ScriptedProvider;
+use wmo_e2b::provider::Provider;
+use wmo_e2b::report::{self, ReportMode};
+use wmo_e2b::runner::BootstrapOpts;
+use wmo_e2b::sandbox::local::LocalBackend;
+use wmo_e2b::sandbox::pool::{self, Pool, PoolConfig};
+use wmo_e2b::sandbox::{Backend, CreateSpec, Metadata};
+use wmo_e2b::task;
+
+use super::{Exit, UsageError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Process sandboxes on this machine (no account needed).
+    Local,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Tasks file: JSON Lines, one task per line.
+    #[arg(long, value_name = "FILE")]
+    tasks: PathBuf,
+    /// Where sandboxes run.
+    #[arg(long, value_enum, default_value = "local")]
+    backend: BackendKind,
+    /// `scripted` replays each task's model_script; anything else is a model name sent to an
+    /// OpenAI-compatible chat-completions API.
+    #[arg(long, default_value = "scripted")]
+    model: String,
+    /// Base URL of the OpenAI-compatible API.
+    #[arg(long, default_value = "https://api.openai.com/v1")]
+    base_url: String,
+    /// Environment variable holding the API key (read on the host; never sent to a sandbox).
+    #[arg(long, default_value = "OPENAI_API_KEY")]
+    api_key_env: String,
+    /// Tasks running at once.
+    #[arg(short = 'j', long = "jobs", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    jobs: u16,
+    /// Output directory (default: runs/<UTC timestamp>).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Skip tasks already finished in DIR/results.jsonl (needs --out).
+    #[arg(long)]
+    resume: bool,
+    /// Run only the tasks whose stable id hash falls in shard I of N (0-based), e.g. 0/4.
+    #[arg(long, value_name = "I/N")]
+    shard: Option<String>,
+    /// Replays of an episode on a fresh sandbox after a transport failure.
+    #[arg(long, default_value_t = 1)]
+    transport_retries: u32,
+    /// Model calls per episode, unless a task sets max_turns.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    max_turns: u32,
+    /// Environment tool calls per episode.
+    #[arg(long, default_value_t = 40)]
+    max_tool_actions: u32,
+    /// Wall-clock budget of an episode, unless a task sets timeout_s (e.g. 300s, 10m).
+    #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
+    episode_timeout: Duration,
+    /// Time limit of one bash tool call.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    bash_timeout: Duration,
+    /// How long a new runner may take to say hello.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    hello_timeout: Duration,
+    /// Per-request timeout of model API calls.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    request_timeout: Duration,
+    /// Print events as JSON Lines on stdout instead of the progress and summary table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: EvalArgs) -> Result<Exit> {
+    if args.resume && args.out.is_none() {
+        return Err(
+            UsageError("--resume needs --out DIR: the run directory to resume".into()).into(),
+        );
+    }
+    if args.episode_timeout.is_zero() {
+        return Err(UsageError("--episode-timeout must be more than zero".into()).into());
+    }
+    let shard = args.shard.as_deref().map(parse_shard).transpose()?;
+    let all = task::load_tasks(&args.tasks)?;
+    let out_dir = args.out.clone().unwrap_or_else(default_out_dir);
+    std::fs::create_dir_all(&out_dir)
+        .with_context(|| format!("cannot create the output directory {}", out_dir.display()))?;
+    let done = if args.resume {
+        results::finished_ids(&out_dir.join("results.jsonl"))?
+    } else {
+        Default::default()
+    };
+    let mut skipped = 0;
+    let tasks: Vec<task::Task> = all
+        .into_iter()
+        .filter(|t| shard.is_none_or(|(i, n)| task::shard_of(&t.id, n) == i))
+        .filter(|t| {
+            let keep = !done.contains(&t.id);
+            skipped += usize::from(!keep);
+            keep
+        })
+        .collect();
+
+    let provider: Arc<dyn Provider> = if args.model == "scripted" {
+        Arc::new(ScriptedProvider::new())
+    } else {
+        let config = OpenAiConfig {
+            base_url: args.base_url.clone(),
+            model: args.model.clone(),
+            api_key_env: args.api_key_env.clone(),
+            timeout: args.request_timeout,
+            ..OpenAiConfig::default()
+        };
+        Arc::new(OpenAiProvider::new(config).map_err(|e| UsageError(e.to_string()))?)
+    };
+
+    let backend: Arc<dyn Backend> = match args.backend {
+        BackendKind::Local => LocalBackend::open(&wmo_e2b::state::state_dir())
+            .context("cannot open the local sandbox backend")?,
+    };
+    let max_episode = tasks
+        .iter()
+        .filter_map(|t| t.timeout_s)
+        .map(Duration::from_secs_f64)
+        .fold(args.episode_timeout, Duration::max);
+    let mut metadata = Metadata::new();
+    metadata.insert("wmo-e2b.kind".into(), "eval".into());
+    let pool = Arc::new(Pool::new(
+        backend,
+        PoolConfig {
+            spec: CreateSpec {
+                template: None,
+                timeout_secs: 0,
+                metadata,
+                envs: Vec::new(),
+                internet: true,
+            },
+            lease: pool::lease_for(max_episode),
+            lifetime: pool::lifetime_for(max_episode),
+            bootstrap: BootstrapOpts {
+                hello_timeout: args.hello_timeout,
+                ..BootstrapOpts::default()
+            },
+            workspace_dir: "workspace".into(),
+        },
+    ));
+
+    let cancel = CancelToken::new();
+    let interrupted = install_ctrl_c(cancel.clone(), pool.clone())?;
+    let mode = if args.json {
+        ReportMode::Json
+    } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        ReportMode::Progress
+    } else {
+        ReportMode::Lines
+    };
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let reporter = std::thread::Builder::new()
+        .name("reporter".into())
+        .spawn(move || report::run_reporter(mode, rx))
+        .context("cannot start the reporter thread")?;
+    let outcome = eval::run(&EvalRun {
+        tasks: &tasks,
+        skipped,
+        out_dir: &out_dir,
+        jobs: usize::from(args.jobs),
+        limits: EvalLimits {
+            max_turns: args.max_turns,
+            max_tool_actions: args.max_tool_actions,
+            max_output_tokens: 4096,
+            episode_timeout: args.episode_timeout,
+            bash_timeout: args.bash_timeout,
+            transport_retries: args.transport_retries,
+        },
+        pool: pool.clone(),
+        provider,
+        events: tx,
+        cancel: cancel.clone(),
+    });
+    // The run dropped its sender; the reporter drains and returns.
+    let records = reporter.join().unwrap_or_default();
+    let summary = outcome?;
+    write_summary(&out_dir, &summary)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"type": "summary", "summary": summary, "out_dir": out_dir})
+        );
+    } else {
+        print!("{}", report::summary_table(&records, &summary));
+        println!("results: {}", out_dir.join("results.jsonl").display());
+    }
+    Ok(exit_for(
+        &summary,
+        interrupted.load(std::sync::atomic::Ordering::SeqCst),
+    ))
+}
+
+fn exit_for(summary: &EvalSummary, interrupted: bool) -> Exit {
+    if interrupted {
+        Exit::Interrupted
+    } else if summary.cleanup_error.is_some() {
+        Exit::Infrastructure
+    } else if summary.failed + summary.errors + summary.cancelled > 0 {
+        Exit::TasksFailed
+    } else {
+        Exit::Success
+    }
+}
+
+fn write_summary(out_dir: &std::path::Path, summary: &EvalSummary) -> Result<()> {
+    let path = out_dir.join("summary.json");
+    let text = serde_json::to_string_pretty(summary).context("cannot encode the summary")?;
+    std::fs::write(&path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// First Ctrl-C: stop scheduling and cancel running episodes (finished results stay on disk,
+/// the pool is closed normally). Second: kill every sandbox and exit at once.
+fn install_ctrl_c(
+    cancel: CancelToken,
+    pool: Arc<Pool>,
+) -> Result<Arc<std::sync::atomic::AtomicBool>> {
+    let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, rx) = crossbeam_channel::bounded::<()>(4);
+    ctrlc::set_handler(move || {
+        // Never block inside the handler; a full queue means we are already exiting.
+        let _ = tx.try_send(());
+    })
+    .context("cannot install the Ctrl-C handler")?;
+    let flag = interrupted.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if rx.recv().is_err() {
+                return;
+            }
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            cancel.cancel();
+            eprintln!("\ninterrupted: cancelling running tasks (Ctrl-C again to kill sandboxes and exit now)");
+            if rx.recv().is_err() {
+                return;
+            }
+            let _ = pool.close();
+            std::process::exit(Exit::Interrupted as i32);
+        })
+        .context("cannot start the signal thread")?;
+    Ok(interrupted)
+}
+
+fn parse_shard(s: &str) -> Result<(u32, u32)> {
+    let bad = || {
+        UsageError(format!(
+            "--shard {s:?}: expected I/N with 0 <= I < N, e.g. 0/4"
+        ))
+    };
+    let (i, n) = s.split_once('/').ok_or_else(bad)?;
+    let i: u32 = i.trim().parse().map_err(|_| bad())?;
+    let n: u32 = n.trim().parse().map_err(|_| bad())?;
+    if n == 0 || i >= n {
+        return Err(bad().into());
+    }
+    Ok((i, n))
+}
+
+fn default_out_dir() -> PathBuf {
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let compact: String = stamp
+        .chars()
+        .filter(|c| c.is_ascii_digit() || *c == 'T')
+        .collect::<String>()
+        .replace('T', "-");
+    PathBuf::from("runs").join(compact)
+}

@@ -1,0 +1,172 @@
+//! The `sandbox` environment: tool calls run in the episode's own sandbox, inside a fresh
+//! per-episode workspace.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::{EnvError, Environment, ToolOutput};
+use crate::cancel::CancelToken;
+use crate::runner::shell_quote;
+use crate::sandbox::{Captured, ErrorClass, RunOpts, Sandbox, SandboxError};
+
+/// Bytes of tool output an agent sees, as head + tail.
+pub const MAX_TOOL_OUTPUT: usize = 32 * 1024;
+/// After the polite TERM at the bash timeout, how long before KILL.
+pub const KILL_AFTER: Duration = Duration::from_secs(2);
+pub const DEFAULT_BASH_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub struct SandboxEnvironment {
+    sandbox: Arc<dyn Sandbox>,
+    workspace: String,
+    bash_timeout: Duration,
+}
+
+impl SandboxEnvironment {
+    /// `workspace` is an absolute directory inside the sandbox; it must exist.
+    pub fn new(sandbox: Arc<dyn Sandbox>, workspace: String, bash_timeout: Duration) -> Self {
+        SandboxEnvironment {
+            sandbox,
+            workspace,
+            bash_timeout,
+        }
+    }
+
+    pub fn workspace(&self) -> &str {
+        &self.workspace
+    }
+
+    /// Resolves an agent's path (relative, or absolute inside the workspace).
+    fn resolve(&self, path: &str) -> Result<String, String> {
+        let ws = self.workspace.trim_end_matches('/');
+        let rel = match path.strip_prefix(ws) {
+            Some(rest) if rest.starts_with('/') => rest.trim_start_matches('/'),
+            Some("") => "",
+            _ => path,
+        };
+        crate::sandbox::contained_path(ws, rel)
+            .map_err(|e| format!("path {path:?} escapes the workspace {ws}: {e}"))
+    }
+
+    fn bash(&self, command: &str) -> Result<ToolOutput, EnvError> {
+        let secs = self.bash_timeout.as_secs().max(1);
+        // coreutils `timeout` sends TERM first and KILL after a grace period; the sandbox-level
+        // timeout below is the hard bound if even that does not end it.
+        let wrapped = format!(
+            "timeout -k {}s {secs}s bash -c {}",
+            KILL_AFTER.as_secs(),
+            shell_quote(command)
+        );
+        let opts = RunOpts {
+            cwd: Some(self.workspace.clone()),
+            envs: Vec::new(),
+            timeout: self.bash_timeout + KILL_AFTER + Duration::from_secs(3),
+            max_output: MAX_TOOL_OUTPUT,
+        };
+        let out = self
+            .sandbox
+            .run(&wrapped, &opts)
+            .map_err(|source| EnvError::Sandbox {
+                tool: "bash".into(),
+                source,
+            })?;
+        let mut merged = Captured::default();
+        for part in [&out.stdout, &out.stderr] {
+            merged.push(&part.head, MAX_TOOL_OUTPUT);
+            if part.dropped > 0 {
+                merged.push(
+                    format!("\n... [{} bytes truncated] ...\n", part.dropped).as_bytes(),
+                    MAX_TOOL_OUTPUT,
+                );
+            }
+            merged.push(&part.tail, MAX_TOOL_OUTPUT);
+        }
+        let mut content = merged.to_text();
+        let timed_out = out.timed_out || matches!(out.exit_code, Some(124) | Some(137));
+        match out.exit_code {
+            _ if timed_out => content.push_str(&format!("\n[timed out after {secs}s]")),
+            Some(0) => {}
+            Some(code) => content.push_str(&format!("\n[exit {code}]")),
+            None => content.push_str("\n[killed by a signal]"),
+        }
+        Ok(ToolOutput {
+            content,
+            is_error: out.exit_code != Some(0),
+        })
+    }
+
+    fn read_file(&self, path: &str) -> Result<ToolOutput, EnvError> {
+        let full = match self.resolve(path) {
+            Ok(p) => p,
+            Err(msg) => return Ok(ToolOutput::error(msg)),
+        };
+        match self.sandbox.read_file(&full) {
+            Ok(bytes) => {
+                let mut c = Captured::default();
+                c.push(&bytes, MAX_TOOL_OUTPUT);
+                Ok(ToolOutput::ok(c.to_text()))
+            }
+            Err(e) if tool_level(&e) => Ok(ToolOutput::error(format!("read_file failed: {e}"))),
+            Err(source) => Err(EnvError::Sandbox {
+                tool: "read_file".into(),
+                source,
+            }),
+        }
+    }
+
+    fn write_file(&self, path: &str, content: &str) -> Result<ToolOutput, EnvError> {
+        let full = match self.resolve(path) {
+            Ok(p) => p,
+            Err(msg) => return Ok(ToolOutput::error(msg)),
+        };
+        match self.sandbox.write_file(&full, content.as_bytes()) {
+            Ok(()) => Ok(ToolOutput::ok(format!(
+                "wrote {} bytes to {path}",
+                content.len()
+            ))),
+            Err(e) if tool_level(&e) => Ok(ToolOutput::error(format!("write_file failed: {e}"))),
+            Err(source) => Err(EnvError::Sandbox {
+                tool: "write_file".into(),
+                source,
+            }),
+        }
+    }
+}
+
+/// Errors the agent caused (a missing file, a bad path) go back to the agent; the rest mean
+/// the sandbox is broken.
+fn tool_level(e: &SandboxError) -> bool {
+    matches!(e.class(), ErrorClass::BadRequest)
+}
+
+fn str_arg<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, ToolOutput> {
+    match args.get(name) {
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(ToolOutput::error(format!(
+            "argument `{name}` must be a string"
+        ))),
+        None => Err(ToolOutput::error(format!("missing argument `{name}`"))),
+    }
+}
+
+impl Environment for SandboxEnvironment {
+    fn execute(
+        &self,
+        name: &str,
+        args: &Map<String, Value>,
+        cancel: &CancelToken,
+    ) -> Result<ToolOutput, EnvError> {
+        if cancel.is_cancelled() {
+            return Ok(ToolOutput::error("interrupted"));
+        }
+        let result = match name {
+            "bash" => str_arg(args, "command").map(|c| self.bash(c)),
+            "read_file" => str_arg(args, "path").map(|p| self.read_file(p)),
+            "write_file" => str_arg(args, "path")
+                .and_then(|p| str_arg(args, "content").map(|c| self.write_file(p, c))),
+            other => Err(ToolOutput::error(format!("tool '{other}' not available"))),
+        };
+        result.unwrap_or_else(Ok)
+    }
+}

@@ -1,0 +1,239 @@
+//! The one place eval output is drawn: progress on stderr, or JSON Lines on stdout.
+//!
+//! Workers send [`EvalEvent`]s; the reporter thread owns the terminal. With `--json`, every
+//! event is one JSON object per line on stdout (a `type` tag on each), so nothing else may
+//! write there.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use crate::eval::{EvalEvent, EvalSummary, Status, TaskRecord};
+
+/// Progress redraws at most this often.
+const TICK: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportMode {
+    /// A live progress line on stderr (a terminal).
+    Progress,
+    /// One line on stderr per finished task (logs, CI).
+    Lines,
+    /// JSON Lines on stdout.
+    Json,
+}
+
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    done: usize,
+    passed: usize,
+    failed: usize,
+    errors: usize,
+    cancelled: usize,
+}
+
+/// Consumes events until the channel closes; returns every finished record.
+pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) -> Vec<TaskRecord> {
+    let started = Instant::now();
+    let mut counts = Counts::default();
+    let mut running: HashMap<String, Instant> = HashMap::new();
+    let mut records = Vec::new();
+    let mut drawn = false;
+    let stderr = std::io::stderr();
+    let stdout = std::io::stdout();
+    loop {
+        let event = match events.recv_timeout(TICK) {
+            Ok(e) => e,
+            Err(RecvTimeoutError::Timeout) => {
+                if mode == ReportMode::Progress {
+                    draw(&mut stderr.lock(), &counts, &running, started);
+                    drawn = true;
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        if mode == ReportMode::Json {
+            if let Ok(line) = serde_json::to_string(&event) {
+                let mut out = stdout.lock();
+                let _ = writeln!(out, "{line}");
+                let _ = out.flush();
+            }
+        }
+        match event {
+            EvalEvent::RunStarted { total, .. } => counts.total = total,
+            EvalEvent::TaskStarted { id } => {
+                running.insert(id, Instant::now());
+            }
+            EvalEvent::TaskRetrying {
+                id,
+                attempt,
+                reason,
+            } => {
+                if mode != ReportMode::Json {
+                    let mut err = stderr.lock();
+                    clear(&mut err, drawn);
+                    let _ = writeln!(err, "retry   {id} (attempt {attempt}): {reason}");
+                }
+            }
+            EvalEvent::TaskFinished { record } => {
+                running.remove(&record.id);
+                counts.done += 1;
+                match record.status {
+                    Status::Passed => counts.passed += 1,
+                    Status::Failed => counts.failed += 1,
+                    Status::Error => counts.errors += 1,
+                    Status::Cancelled => counts.cancelled += 1,
+                }
+                if mode == ReportMode::Lines {
+                    let _ = writeln!(stderr.lock(), "{}", task_line(&record));
+                }
+                records.push(*record);
+            }
+            EvalEvent::ResultsFailed { message } => {
+                if mode != ReportMode::Json {
+                    let mut err = stderr.lock();
+                    clear(&mut err, drawn);
+                    let _ = writeln!(err, "error: {message}");
+                }
+            }
+        }
+    }
+    if mode == ReportMode::Progress && drawn {
+        clear(&mut stderr.lock(), true);
+    }
+    records
+}
+
+fn clear(out: &mut impl Write, drawn: bool) {
+    if drawn {
+        let _ = write!(out, "\r\x1b[2K");
+    }
+}
+
+fn draw(out: &mut impl Write, c: &Counts, running: &HashMap<String, Instant>, started: Instant) {
+    let elapsed = started.elapsed().as_secs_f64();
+    let eta = if c.done > 0 && c.total > c.done {
+        let per = elapsed / c.done as f64;
+        format!(" · ETA {}", clock(per * (c.total - c.done) as f64))
+    } else {
+        String::new()
+    };
+    let longest = running
+        .iter()
+        .max_by_key(|(_, t)| std::cmp::Reverse(**t))
+        .map(|(id, t)| format!(" · longest {id} {}", clock(t.elapsed().as_secs_f64())))
+        .unwrap_or_default();
+    let _ = write!(
+        out,
+        "\r\x1b[2K[{}/{}] passed {} · failed {} · errors {} · running {}{eta}{longest}",
+        c.done,
+        c.total,
+        c.passed,
+        c.failed,
+        c.errors,
+        running.len()
+    );
+    let _ = out.flush();
+}
+
+fn clock(secs: f64) -> String {
+    let s = secs.round() as u64;
+    format!("{}:{:02}", s / 60, s % 60)
+}
+
+fn task_line(r: &TaskRecord) -> String {
+    let mut line = format!(
+        "{:<9} {} ({}, {} turns, {:.1}s)",
+        r.status.as_str(),
+        r.id,
+        r.stop_reason,
+        r.turns,
+        r.timings.acquire + r.timings.episode + r.timings.verify
+    );
+    if let Some(e) = &r.error {
+        line.push_str(": ");
+        line.push_str(&one_line(e, 160));
+    }
+    line
+}
+
+fn one_line(s: &str, max: usize) -> String {
+    let flat: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() > max {
+        format!("{}…", flat.chars().take(max).collect::<String>())
+    } else {
+        flat
+    }
+}
+
+/// The human summary: a table of tasks (all of them when few, else the ones that did not
+/// pass) and the totals.
+pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
+    const FULL_TABLE: usize = 50;
+    let mut rows: Vec<&TaskRecord> = records
+        .iter()
+        .filter(|r| records.len() <= FULL_TABLE || r.status != Status::Passed)
+        .collect();
+    rows.sort_by(|a, b| a.id.cmp(&b.id));
+    let width = rows
+        .iter()
+        .map(|r| r.id.len())
+        .max()
+        .unwrap_or(4)
+        .clamp(4, 40);
+    let mut out = String::new();
+    if !rows.is_empty() {
+        out.push_str(&format!(
+            "{:<width$}  {:<9}  {:<16}  {:>5}  {:>7}  {}\n",
+            "task", "status", "stop reason", "turns", "seconds", "note"
+        ));
+        for r in rows {
+            let secs = r.timings.acquire + r.timings.episode + r.timings.verify;
+            out.push_str(&format!(
+                "{:<width$}  {:<9}  {:<16}  {:>5}  {:>7.1}  {}\n",
+                r.id,
+                r.status.as_str(),
+                r.stop_reason,
+                r.turns,
+                secs,
+                r.error
+                    .as_deref()
+                    .map(|e| one_line(e, 80))
+                    .unwrap_or_default()
+            ));
+        }
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "{} tasks: {} passed, {} failed, {} errors, {} cancelled",
+        summary.total, summary.passed, summary.failed, summary.errors, summary.cancelled
+    ));
+    if summary.not_run > 0 {
+        out.push_str(&format!(", {} not run", summary.not_run));
+    }
+    if summary.skipped > 0 {
+        out.push_str(&format!(
+            " ({} skipped as already finished)",
+            summary.skipped
+        ));
+    }
+    out.push_str(&format!(
+        "\n{:.1}s wall · {} sandboxes, {:.1} sandbox-seconds · {} model calls, {} input + {} output tokens · retries: {} transport, {} provider\n",
+        summary.wall_seconds,
+        summary.sandboxes.count,
+        summary.sandboxes.seconds,
+        summary.tokens.calls,
+        summary.tokens.input,
+        summary.tokens.output,
+        summary.transport_retries,
+        summary.provider_retries,
+    ));
+    if let Some(e) = &summary.cleanup_error {
+        out.push_str(&format!("cleanup: {e}\n"));
+    }
+    out
+}

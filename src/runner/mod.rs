@@ -1,0 +1,225 @@
+//! The runner: its embedded JS source, and the bootstrap that starts it in a sandbox and
+//! waits for its `hello`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::channel::{ChannelError, Frame, LeaseRenewal, StdioChannel};
+use crate::sandbox::{Sandbox, SandboxError, SpawnOpts};
+
+/// The runner program, uploaded to every sandbox at bootstrap.
+pub const RUNNER_JS: &str = include_str!("../../runner/runner.mjs");
+
+/// Frame protocol version the host speaks; `hello.protocol` must match.
+pub const PROTOCOL: u64 = 1;
+
+/// The oldest Node.js the runner supports.
+pub const MIN_NODE_MAJOR: u32 = 18;
+
+/// Exit code the runner uses when Node.js is too old.
+const EXIT_NODE_TOO_OLD: i32 = 3;
+
+/// Exit code of `bash` when a command is not found.
+const EXIT_NOT_FOUND: i32 = 127;
+
+pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where the runner lives inside a sandbox, relative to `home()`.
+pub const RUNNER_DIR: &str = ".wmo-runner";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error("could not upload the runner to sandbox {id}")]
+    Upload {
+        id: String,
+        #[source]
+        source: SandboxError,
+    },
+    #[error("could not start the runner ({command:?}) in sandbox {id}")]
+    Start {
+        id: String,
+        command: String,
+        #[source]
+        source: SandboxError,
+    },
+    #[error("Node.js is not installed in sandbox {id}: the runner needs node >= {MIN_NODE_MAJOR} on PATH ({command:?}); recent runner stderr:\n{stderr_tail}")]
+    NodeMissing {
+        id: String,
+        command: String,
+        stderr_tail: String,
+    },
+    #[error("Node.js in sandbox {id} is too old: the runner needs node >= {MIN_NODE_MAJOR}; recent runner stderr:\n{stderr_tail}")]
+    NodeTooOld { id: String, stderr_tail: String },
+    #[error("the runner sent no hello within {timeout:?} ({command:?})")]
+    NoHello {
+        command: String,
+        timeout: Duration,
+        #[source]
+        source: Box<ChannelError>,
+    },
+    #[error("the runner speaks protocol {found}, this host speaks {PROTOCOL}: upgrade whichever is older")]
+    Protocol { found: String },
+}
+
+impl RunnerError {
+    /// Whether a fresh sandbox might succeed where this one failed.
+    pub fn is_transport(&self) -> bool {
+        match self {
+            RunnerError::Upload { source, .. } | RunnerError::Start { source, .. } => {
+                source.is_transport()
+            }
+            RunnerError::NoHello { source, .. } => !matches!(
+                **source,
+                ChannelError::Exited {
+                    code: Some(EXIT_NODE_TOO_OLD | EXIT_NOT_FOUND),
+                    ..
+                }
+            ),
+            RunnerError::NodeMissing { .. }
+            | RunnerError::NodeTooOld { .. }
+            | RunnerError::Protocol { .. } => false,
+        }
+    }
+}
+
+/// How to start a runner.
+#[derive(Debug, Clone)]
+pub struct BootstrapOpts {
+    pub hello_timeout: Duration,
+    /// Lease renewal for the channel (`None`: keepalives renew nothing).
+    pub renewal: Option<LeaseRenewal>,
+    /// Extra environment for the runner process.
+    pub envs: Vec<(String, String)>,
+}
+
+impl Default for BootstrapOpts {
+    fn default() -> Self {
+        BootstrapOpts {
+            hello_timeout: DEFAULT_HELLO_TIMEOUT,
+            renewal: None,
+            envs: Vec::new(),
+        }
+    }
+}
+
+/// A started runner: its channel and the hello it sent.
+pub struct Started {
+    pub channel: StdioChannel,
+    pub hello: Frame,
+}
+
+/// The absolute runner directory of a sandbox.
+pub fn runner_dir(sandbox: &dyn Sandbox) -> String {
+    format!("{}/{RUNNER_DIR}", sandbox.home().trim_end_matches('/'))
+}
+
+/// Uploads the runner, starts it with stdin, and waits for its hello.
+pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Started, RunnerError> {
+    let dir = runner_dir(sandbox.as_ref());
+    let path = format!("{dir}/runner.mjs");
+    let id = sandbox.id().to_string();
+    sandbox
+        .write_file(&path, RUNNER_JS.as_bytes())
+        .map_err(|source| RunnerError::Upload {
+            id: id.clone(),
+            source,
+        })?;
+    // `exec` so the runner is the process the sandbox reports, and its exit code is ours.
+    let command = format!("cd {} && exec node runner.mjs", shell_quote(&dir));
+    let process = sandbox
+        .spawn(
+            &command,
+            &SpawnOpts {
+                cwd: Some(dir.clone()),
+                envs: opts.envs.clone(),
+                stdin: true,
+            },
+        )
+        .map_err(|source| RunnerError::Start {
+            id: id.clone(),
+            command: command.clone(),
+            source,
+        })?;
+    let pid = process.pid;
+    let mut channel = StdioChannel::new(sandbox.clone(), process, opts.renewal.clone());
+    let hello = match channel.wait_hello(opts.hello_timeout) {
+        Ok(hello) => hello,
+        Err(source) => {
+            // A runner that never said hello is useless; make sure it is not left behind.
+            let _ = sandbox.kill_process(pid);
+            return Err(classify_start_failure(
+                id,
+                command,
+                opts.hello_timeout,
+                source,
+            ));
+        }
+    };
+    let protocol = hello.get("protocol").and_then(serde_json::Value::as_u64);
+    if protocol != Some(PROTOCOL) {
+        let _ = sandbox.kill_process(pid);
+        return Err(RunnerError::Protocol {
+            found: hello
+                .get("protocol")
+                .map_or_else(|| "none".to_string(), |v| v.to_string()),
+        });
+    }
+    Ok(Started { channel, hello })
+}
+
+fn classify_start_failure(
+    id: String,
+    command: String,
+    timeout: Duration,
+    source: ChannelError,
+) -> RunnerError {
+    match &source {
+        ChannelError::Exited {
+            code: Some(EXIT_NOT_FOUND),
+            stderr_tail,
+        } => RunnerError::NodeMissing {
+            id,
+            command,
+            stderr_tail: stderr_tail.clone(),
+        },
+        ChannelError::Exited {
+            code: Some(EXIT_NODE_TOO_OLD),
+            stderr_tail,
+        } => RunnerError::NodeTooOld {
+            id,
+            stderr_tail: stderr_tail.clone(),
+        },
+        _ => RunnerError::NoHello {
+            command,
+            timeout,
+            source: Box::new(source),
+        },
+    }
+}
+
+/// Quotes `s` for bash as one word.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@".contains(&b))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_quote_quotes_only_when_needed() {
+        assert_eq!(
+            shell_quote("/home/user/.wmo-runner"),
+            "/home/user/.wmo-runner"
+        );
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+}

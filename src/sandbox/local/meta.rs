@@ -1,0 +1,242 @@
+//! On-disk records of a local sandbox: `meta.json`, the `procs/<pid>` files, ids, and the
+//! atomic writes that keep every reader (in any wmo-e2b process) from seeing half a file.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::sandbox::Metadata;
+
+pub(super) const ID_PREFIX: &str = "lsb-";
+pub(super) const META_FILE: &str = "meta.json";
+pub(super) const ROOT_DIR: &str = "root";
+pub(super) const PROCS_DIR: &str = "procs";
+
+/// Bounds what we read back from records another process (or a person) may have written.
+const MAX_META_BYTES: u64 = 1 << 20;
+const MAX_PROC_RECORD_BYTES: u64 = 64 * 1024;
+
+/// The contents of `meta.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Meta {
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Unix seconds; the sandbox is dead from this instant on.
+    pub deadline: u64,
+    pub metadata: Metadata,
+    pub template: Option<String>,
+    pub internet: bool,
+    pub owner_pid: u32,
+    /// Applied to every process; stored so a `connect` from another wmo-e2b process applies
+    /// them too.
+    #[serde(default)]
+    pub envs: Vec<(String, String)>,
+}
+
+impl Meta {
+    pub fn expired_at(&self, now_ms: u64) -> bool {
+        now_ms >= self.deadline.saturating_mul(1000)
+    }
+}
+
+#[derive(Debug)]
+pub(super) enum MetaError {
+    /// No `meta.json`: the sandbox was killed (or never finished being created).
+    Missing,
+    /// Present but not a meta record (torn by a crash, or edited by hand).
+    Corrupt(io::Error),
+    Io(io::Error),
+}
+
+pub(super) fn read_meta(dir: &Path) -> Result<Meta, MetaError> {
+    let bytes = match read_bounded(&dir.join(META_FILE), MAX_META_BYTES) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(MetaError::Missing),
+        Err(e) => return Err(MetaError::Io(e)),
+    };
+    serde_json::from_slice(&bytes).map_err(|e| MetaError::Corrupt(io::Error::from(e)))
+}
+
+pub(super) fn write_meta(dir: &Path, meta: &Meta) -> io::Result<()> {
+    let bytes = serde_json::to_vec_pretty(meta).map_err(io::Error::from)?;
+    write_atomic(dir, META_FILE, &bytes)
+}
+
+/// A process record: which process a pid meant when we started it, and its command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ProcRecord {
+    pub pid: u32,
+    pub start_time: u64,
+    pub cmd: String,
+}
+
+/// Writes `procs/<pid>`: the start time on the first line, the command after it.
+pub(super) fn write_proc_record(sandbox_dir: &Path, rec: &ProcRecord) -> io::Result<()> {
+    let text = format!("{}\n{}", rec.start_time, rec.cmd);
+    write_atomic(
+        &sandbox_dir.join(PROCS_DIR),
+        &rec.pid.to_string(),
+        text.as_bytes(),
+    )
+}
+
+pub(super) fn remove_proc_record(sandbox_dir: &Path, pid: u32) {
+    // Best effort: a leftover record only costs a start-time check at the next kill.
+    let _ = fs::remove_file(sandbox_dir.join(PROCS_DIR).join(pid.to_string()));
+}
+
+/// Every parseable record in a `procs` directory; unreadable ones are skipped because a
+/// record that cannot be checked must never be signalled.
+pub(super) fn read_proc_records(procs_dir: &Path) -> io::Result<Vec<ProcRecord>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(procs_dir)? {
+        let entry = entry?;
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(bytes) = read_bounded(&entry.path(), MAX_PROC_RECORD_BYTES) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let (first, cmd) = text.split_once('\n').unwrap_or((&text, ""));
+        let Ok(start_time) = first.trim().parse() else {
+            continue;
+        };
+        out.push(ProcRecord {
+            pid,
+            start_time,
+            cmd: cmd.to_string(),
+        });
+    }
+    out.sort_by_key(|r| r.pid);
+    Ok(out)
+}
+
+/// Writes `dir/name` so that readers see the old file or the new one, never a mix: a temp
+/// file in the same directory, fsynced, then renamed over. Fails with NotFound when `dir` is
+/// gone, which is how a write learns that its sandbox was killed meanwhile.
+pub(super) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!(".{name}.{}.tmp", random_hex(6)?));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, dir.join(name))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+pub(super) fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    File::open(path)?.take(max).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+pub(super) fn private_dir(path: &Path) -> io::Result<()> {
+    DirBuilder::new().mode(0o700).create(path)
+}
+
+pub(super) fn private_dir_all(path: &Path) -> io::Result<()> {
+    DirBuilder::new().recursive(true).mode(0o700).create(path)
+}
+
+pub(super) fn new_id() -> io::Result<String> {
+    Ok(format!("{ID_PREFIX}{}", random_hex(8)?))
+}
+
+/// Only names we could have made are ever joined onto the sandboxes directory.
+pub(super) fn is_id(s: &str) -> bool {
+    s.len() == ID_PREFIX.len() + 16
+        && s.starts_with(ID_PREFIX)
+        && s[ID_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn random_hex(bytes: usize) -> io::Result<String> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).map_err(|e| match e.raw_os_error() {
+        Some(errno) => io::Error::from_raw_os_error(errno),
+        None => io::Error::other(format!("no randomness: {e}")),
+    })?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The deadline `secs` from now, rounded up to a whole second so a sandbox never lives less
+/// than it was promised.
+pub(super) fn deadline_after(secs: u64) -> u64 {
+    now_ms()
+        .saturating_add(secs.saturating_mul(1000))
+        .div_ceil(1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_recognised() {
+        let id = new_id().unwrap();
+        assert!(is_id(&id), "{id}");
+        for bad in [
+            "",
+            "lsb-",
+            "lsb-../../etc/passwd",
+            "lsb-0123456789ABCDEF",
+            "xyz",
+        ] {
+            assert!(!is_id(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn meta_round_trips_and_torn_meta_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = Meta {
+            id: "lsb-0000000000000000".into(),
+            created: 1,
+            deadline: 2,
+            metadata: [("k".to_string(), "v".to_string())].into(),
+            template: None,
+            internet: true,
+            owner_pid: 7,
+            envs: vec![("A".into(), "b".into())],
+        };
+        write_meta(dir.path(), &meta).unwrap();
+        assert_eq!(read_meta(dir.path()).unwrap(), meta);
+        fs::write(dir.path().join(META_FILE), b"{\"id\": \"lsb-").unwrap();
+        assert!(matches!(read_meta(dir.path()), Err(MetaError::Corrupt(_))));
+        fs::remove_file(dir.path().join(META_FILE)).unwrap();
+        assert!(matches!(read_meta(dir.path()), Err(MetaError::Missing)));
+    }
+
+    #[test]
+    fn deadline_rounds_up() {
+        let before = now_ms();
+        let d = deadline_after(1);
+        assert!(d * 1000 >= before + 1000);
+        assert!(d * 1000 <= now_ms() + 2000);
+    }
+}

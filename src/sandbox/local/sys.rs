@@ -1,0 +1,308 @@
+//! The process syscalls the local backend needs (group signals, exit waits, `/proc` reads),
+//! with errno kept as `io::Error` so callers classify failures by number, not text.
+
+use std::collections::HashSet;
+use std::io::{self, Read};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::sandbox::SandboxError;
+
+/// How often a bounded wait for a killed group looks again.
+const GROUP_POLL: Duration = Duration::from_millis(5);
+
+/// What `/proc/<pid>/stat` says about one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ProcStat {
+    pub state: u8,
+    pub pgrp: u32,
+    /// Clock ticks after boot (field 22): with the pid it names one process for all time.
+    pub start_time: u64,
+}
+
+impl ProcStat {
+    /// Zombies and dead tasks are over: they only wait for a parent (maybe not us) to reap them.
+    pub fn is_running(&self) -> bool {
+        !matches!(self.state, b'Z' | b'X' | b'x')
+    }
+}
+
+pub(super) fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text)
+}
+
+fn parse_stat(text: &str) -> Option<ProcStat> {
+    // The command name (field 2) may contain spaces and parentheses; it ends at the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `fields[0]` is field 3, so field N is `fields[N - 3]`.
+    let state = *fields.first()?.as_bytes().first()?;
+    let pgrp = fields.get(2)?.parse().ok()?;
+    let start_time = fields.get(19)?.parse().ok()?;
+    Some(ProcStat {
+        state,
+        pgrp,
+        start_time,
+    })
+}
+
+/// A pid usable as a group id. 0 and 1 are refused: `kill(0)` and `kill(-1)` address our own
+/// group and every process, which a corrupt record must never be able to trigger.
+fn as_pgid(pid: u32) -> Option<libc::pid_t> {
+    libc::pid_t::try_from(pid).ok().filter(|&p| p > 1)
+}
+
+/// SIGKILLs the process group `pgid`. `Ok(false)` when no such group exists.
+pub(super) fn kill_group(pgid: u32) -> io::Result<bool> {
+    let Some(g) = as_pgid(pgid) else {
+        return Ok(false);
+    };
+    // SAFETY: kill(2) has no memory-safety preconditions; a negative pid addresses a group.
+    if unsafe { libc::kill(-g, libc::SIGKILL) } == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        Ok(false)
+    } else {
+        Err(err)
+    }
+}
+
+/// SIGKILLs the group a sandbox recorded as `(pid, start_time)`, unless the pid now names
+/// another process.
+///
+/// When the leader still exists its start time must match. When it does not, the group may
+/// live on in the leader's children; the kernel does not hand out a pid number while a group
+/// still uses it, so a surviving group with that id is still ours.
+pub(super) fn kill_recorded_group(pid: u32, start_time: u64) -> io::Result<bool> {
+    match proc_stat(pid) {
+        Some(stat) if stat.start_time != start_time => Ok(false),
+        _ => kill_group(pid),
+    }
+}
+
+fn group_exists(pgid: u32) -> bool {
+    let Some(g) = as_pgid(pgid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the group exists and may be signalled.
+    if unsafe { libc::kill(-g, 0) } == 0 {
+        return true;
+    }
+    io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// The groups among `pgids` that still have a member that is not a zombie.
+pub(super) fn live_groups(pgids: &[u32]) -> Vec<u32> {
+    let candidates: Vec<u32> = pgids.iter().copied().filter(|&g| group_exists(g)).collect();
+    if candidates.is_empty() {
+        return candidates;
+    }
+    // kill(2) still finds groups whose members are all zombies; only /proc tells those apart.
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return candidates;
+    };
+    let wanted: HashSet<u32> = candidates.iter().copied().collect();
+    let mut live = HashSet::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(stat) = proc_stat(pid) {
+            if stat.is_running() && wanted.contains(&stat.pgrp) {
+                live.insert(stat.pgrp);
+            }
+        }
+    }
+    candidates
+        .into_iter()
+        .filter(|g| live.contains(g))
+        .collect()
+}
+
+/// Polls until none of `pgids` has a running member, for at most `within`; returns the groups
+/// still alive at the end.
+pub(super) fn wait_groups_gone(pgids: &[u32], within: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + within;
+    loop {
+        let live = live_groups(pgids);
+        if live.is_empty() || Instant::now() >= deadline {
+            return live;
+        }
+        std::thread::sleep(GROUP_POLL);
+    }
+}
+
+/// Blocks until the child `pid` has exited, leaving it a zombie: while it is unreaped its pid
+/// (and so its group id) cannot be reused, which makes signalling the group afterwards safe.
+pub(super) fn wait_exit_keep_zombie(pid: u32) -> io::Result<()> {
+    loop {
+        // SAFETY: siginfo_t is plain data for which all-zero bytes are valid; waitid only
+        // writes into it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is a valid, exclusively borrowed siginfo_t for the whole call.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                libc::id_t::from(pid),
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Sets O_NONBLOCK on our end of a pipe so writes can be given a deadline.
+pub(super) fn set_nonblocking(fd: libc::c_int) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own, with integer arguments only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Waits until `fd` is writable (or its reader is gone), for at most `timeout`. `Ok(false)` on
+/// timeout.
+pub(super) fn wait_writable(fd: libc::c_int, timeout: Duration) -> io::Result<bool> {
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, exclusively borrowed for the call.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    match rc {
+        0 => Ok(false),
+        n if n > 0 => Ok(true),
+        _ => {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                Ok(true)
+            } else {
+                Err(err)
+            }
+        }
+    }
+}
+
+/// The `unshare` flag that puts a process in a fresh network namespace on this host, probed
+/// once per wmo-e2b process.
+pub(super) fn netlock_flag() -> Result<&'static str, SandboxError> {
+    static PROBE: OnceLock<Result<&'static str, String>> = OnceLock::new();
+    PROBE
+        .get_or_init(probe_netlock)
+        .clone()
+        .map_err(SandboxError::Unsupported)
+}
+
+fn probe_netlock() -> Result<&'static str, String> {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let root = unsafe { libc::geteuid() } == 0;
+    // Unprivileged users need a user namespace (mapped to root inside) to own a netns.
+    let flag = if root { "-n" } else { "-rn" };
+    let mut cmd = Command::new("unshare");
+    cmd.args([flag, "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let why = match run_bounded(cmd, Duration::from_secs(10)) {
+        Ok(Some((status, _))) if status.success() => return Ok(flag),
+        Ok(Some((status, stderr))) => {
+            let stderr = stderr.trim();
+            if stderr.is_empty() {
+                status.to_string()
+            } else {
+                stderr.to_string()
+            }
+        }
+        Ok(None) => "it did not finish within 10 s".to_string(),
+        Err(e) => e.to_string(),
+    };
+    Err(format!(
+        "the local backend cannot lock the network here: unshare {flag} failed ({why}); \
+         run as root or enable unprivileged user namespaces"
+    ))
+}
+
+/// Runs a short probe command with a deadline; `None` if it had to be killed.
+fn run_bounded(
+    mut cmd: Command,
+    timeout: Duration,
+) -> io::Result<Option<(std::process::ExitStatus, String)>> {
+    let mut child = cmd.spawn()?;
+    let pid = child.id();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let stderr = child.stderr.take();
+    std::thread::Builder::new()
+        .name("lsb-probe".into())
+        .spawn(move || {
+            let mut text = String::new();
+            if let Some(s) = stderr {
+                // A probe's complaint fits in a few KiB; never buffer more.
+                let _ = s.take(16 * 1024).read_to_string(&mut text);
+            }
+            let _ = tx.send(child.wait().map(|status| (status, text)));
+        })?;
+    match rx.recv_timeout(timeout) {
+        Ok(r) => r.map(Some),
+        Err(_) => {
+            // The child is unreaped until the thread's wait returns, so `pid` is still it.
+            if let Ok(p) = libc::pid_t::try_from(pid) {
+                // SAFETY: kill(2) has no memory-safety preconditions.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            let _ = rx.recv_timeout(Duration::from_secs(1));
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parses_odd_command_names() {
+        let line =
+            "4242 (a) b (c)) S 1 4000 4000 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1 2";
+        let stat = parse_stat(line).unwrap();
+        assert_eq!(stat.state, b'S');
+        assert_eq!(stat.pgrp, 4000);
+        assert_eq!(stat.start_time, 98765);
+        assert!(parse_stat("garbage").is_none());
+    }
+
+    #[test]
+    fn own_stat_is_readable() {
+        let stat = proc_stat(std::process::id()).unwrap();
+        assert!(stat.is_running());
+    }
+
+    #[test]
+    fn dangerous_group_ids_are_refused() {
+        assert_eq!(as_pgid(0), None);
+        assert_eq!(as_pgid(1), None);
+        assert_eq!(as_pgid(u32::MAX), None);
+        assert!(!kill_group(0).unwrap());
+    }
+}

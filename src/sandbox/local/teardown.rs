@@ -1,0 +1,82 @@
+//! Killing a sandbox, from this wmo-e2b process or any other.
+//!
+//! A kill first renames the sandbox directory to a tombstone (`.dead-<id>-<rand>`). The rename
+//! is atomic, so exactly one killer wins, `list` and `connect` stop seeing the sandbox at once,
+//! and a process start racing the kill fails to record itself (its directory is gone) and
+//! kills its own child. Then every recorded process group is SIGKILLed, the kill is confirmed,
+//! and the tombstone is removed. A tombstone left by a crash is finished by the next sweep.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::meta::{self, PROCS_DIR};
+use super::process::{ProcTable, KILL_WAIT};
+use super::{lock, sys};
+use crate::sandbox::{Result, SandboxError};
+
+pub(super) const TOMB_PREFIX: &str = ".dead-";
+pub(super) const STAGING_PREFIX: &str = ".new-";
+
+/// Moves the sandbox `id` out of sight. Fails with NotFound when it is already gone.
+pub(super) fn bury(sandboxes: &Path, id: &str) -> io::Result<PathBuf> {
+    let tomb = sandboxes.join(format!(
+        "{TOMB_PREFIX}{id}-{}",
+        meta::new_id()?.trim_start_matches(meta::ID_PREFIX)
+    ));
+    fs::rename(sandboxes.join(id), &tomb)?;
+    Ok(tomb)
+}
+
+/// Kills every process group recorded in a buried sandbox, confirms they are gone, and removes
+/// the tombstone. `table` holds the processes this wmo-e2b process started, if any.
+pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) -> Result<()> {
+    let io_error = |what: String, source: io::Error| SandboxError::Io {
+        id: id.to_string(),
+        what,
+        source,
+    };
+    let records = match meta::read_proc_records(&tomb.join(PROCS_DIR)) {
+        Ok(r) => r,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(io_error("reading the process records".into(), e)),
+    };
+    let mut signalled = Vec::new();
+    for rec in &records {
+        let ours = table.and_then(|t| lock(t).get(&rec.pid).cloned());
+        let killed = match ours {
+            Some(entry) => entry.kill_group(),
+            None => sys::kill_recorded_group(rec.pid, rec.start_time),
+        };
+        match killed {
+            Ok(true) => signalled.push(rec.pid),
+            // Already gone, or the pid now names another process: nothing of ours is left.
+            Ok(false) => {}
+            Err(e) => return Err(io_error(format!("killing process group {}", rec.pid), e)),
+        }
+    }
+    let alive = sys::wait_groups_gone(&signalled, KILL_WAIT);
+    if !alive.is_empty() {
+        // Keep the tombstone so the next sweep tries again.
+        return Err(io_error(
+            format!("killing process groups {alive:?}"),
+            io::Error::new(io::ErrorKind::TimedOut, "still running 5 s after SIGKILL"),
+        ));
+    }
+    // Best effort: nothing runs any more, and a leftover tombstone is removed by the next sweep.
+    let _ = fs::remove_dir_all(tomb);
+    Ok(())
+}
+
+/// Buries and finishes the sandbox `id` when no in-process state knows it.
+pub(super) fn destroy_dir(sandboxes: &Path, id: &str) -> Result<bool> {
+    match bury(sandboxes, id) {
+        Ok(tomb) => finish_burial(&tomb, id, None).map(|()| true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(SandboxError::Io {
+            id: id.to_string(),
+            what: "moving the sandbox directory away".into(),
+            source,
+        }),
+    }
+}

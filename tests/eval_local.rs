@@ -1,0 +1,611 @@
+//! `wmo-e2b eval` end to end on the local backend: the real binary, the real Node runner, the
+//! scripted model.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn out(&self) -> PathBuf {
+        self.dir.path().join("out")
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn write_tasks(&self, lines: &[String]) -> PathBuf {
+        let p = self.path("tasks.jsonl");
+        std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+        p
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_wmo-e2b"));
+        c.args(args)
+            .env("WMO_E2B_HOME", self.home())
+            .current_dir(self.dir.path());
+        c
+    }
+
+    fn eval(&self, tasks: &Path, extra: &[&str]) -> Output {
+        let out = self.out();
+        let mut args = vec![
+            "eval",
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        self.cmd(&args).output().unwrap()
+    }
+
+    fn results(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.out().join("results.jsonl")).unwrap_or_default();
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn result(&self, id: &str) -> Value {
+        self.results()
+            .into_iter()
+            .find(|r| r["id"] == id)
+            .unwrap_or_else(|| panic!("no result for {id}"))
+    }
+
+    /// Sandboxes the local backend still holds.
+    fn live_sandboxes(&self) -> Vec<String> {
+        let dir = self.home().join("sandboxes");
+        match std::fs::read_dir(dir) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+fn task(id: &str, extra: &str) -> String {
+    let body = if extra.is_empty() {
+        String::new()
+    } else {
+        format!(", {extra}")
+    };
+    format!(r#"{{"id": "{id}", "instruction": "do {id}"{body}}}"#)
+}
+
+const SUBMIT: &str = r#"{"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]}"#;
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn example_tasks_all_pass_and_leave_nothing_behind() {
+    let env = Env::new();
+    let tasks = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tasks.jsonl");
+    let o = env.eval(&tasks, &["-j", "3"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let results = env.results();
+    assert_eq!(results.len(), 5, "{}", text(&o));
+    for r in &results {
+        assert_eq!(r["status"], "passed", "{r}");
+        for field in [
+            "id",
+            "stop_reason",
+            "answer",
+            "verify",
+            "turns",
+            "tool_calls",
+            "tokens",
+            "sandbox",
+            "timings",
+            "attempts",
+            "error",
+        ] {
+            assert!(r.get(field).is_some(), "missing {field} in {r}");
+        }
+        assert!(r["tokens"]["calls"].as_u64().unwrap() >= 1);
+        let id = r["id"].as_str().unwrap();
+        assert!(env.out().join(format!("transcripts/{id}.jsonl")).exists());
+    }
+    let add = env.result("add");
+    assert_eq!(add["stop_reason"], "submit");
+    assert_eq!(add["answer"], "7");
+    assert_eq!(add["verify"]["exit_code"], 0);
+    assert_eq!(add["turns"], 3);
+    assert_eq!(add["tool_calls"], 2);
+    let two = env.result("two-calls-one-turn");
+    assert_eq!(two["tool_calls"], 2);
+    assert_eq!(two["turns"], 2);
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(env.out().join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["passed"], 5);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("5 tasks: 5 passed"), "{stdout}");
+    assert!(
+        env.live_sandboxes().is_empty(),
+        "{:?}",
+        env.live_sandboxes()
+    );
+}
+
+#[test]
+fn transcript_records_every_frame_in_order() {
+    let env = Env::new();
+    let tasks = env.write_tasks(&[task(
+        "t",
+        &format!(
+            r#""model_script": [{{"tool_calls": [{{"name": "bash", "arguments": {{"command": "echo hi"}}}}]}}, {SUBMIT}]"#
+        ),
+    )]);
+    let o = env.eval(&tasks, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let lines: Vec<Value> = std::fs::read_to_string(env.out().join("transcripts/t.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<String> = lines
+        .iter()
+        .filter_map(|l| l["frame"]["type"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "episode_start",
+            "llm_request",
+            "llm_response",
+            "tool_request",
+            "tool_response",
+            "llm_request",
+            "llm_response",
+            "done"
+        ],
+        "{lines:?}"
+    );
+    let tool_response = lines
+        .iter()
+        .find(|l| l["frame"]["type"] == "tool_response")
+        .unwrap();
+    assert_eq!(tool_response["frame"]["content"], "hi\n");
+    assert_eq!(tool_response["frame"]["is_error"], false);
+}
+
+#[test]
+fn stop_reasons_follow_the_episode() {
+    let env = Env::new();
+    let bash = r#"{"tool_calls": [{"name": "bash", "arguments": {"command": "true"}}]}"#;
+    let tasks = env.write_tasks(&[
+        // No tool call: nudged twice, then no_tool_call.
+        task(
+            "prose",
+            r#""model_script": [{"content": "I think"}, {"content": "still"}, {"content": "no"}]"#,
+        ),
+        task("turns", &format!(r#""max_turns": 2, "model_script": [{bash}, {bash}, {bash}]"#)),
+        task(
+            "provider",
+            r#""model_script": [{"error": "upstream exploded"}]"#,
+        ),
+        task(
+            "truncated",
+            r#""model_script": [{"content": "abc", "finish_reason": "length"}, {"content": "x", "finish_reason": "length"}, {"content": "y", "finish_reason": "length"}]"#,
+        ),
+        task(
+            "budget",
+            &format!(r#""timeout_s": 1, "model_script": [{{"delay_ms": 4000}}, {SUBMIT}]"#),
+        ),
+        task(
+            "verify-fails",
+            &format!(r#""verify": "exit 3", "model_script": [{SUBMIT}]"#),
+        ),
+    ]);
+    let o = env.eval(&tasks, &["-j", "6"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let prose = env.result("prose");
+    assert_eq!(prose["stop_reason"], "no_tool_call", "{prose}");
+    assert_eq!(prose["status"], "failed");
+    assert_eq!(prose["turns"], 3);
+    let turns = env.result("turns");
+    assert_eq!(turns["stop_reason"], "max_turns", "{turns}");
+    assert_eq!(turns["turns"], 2);
+    let provider = env.result("provider");
+    assert_eq!(provider["stop_reason"], "provider_error", "{provider}");
+    let truncated = env.result("truncated");
+    assert_eq!(truncated["stop_reason"], "output_truncated", "{truncated}");
+    let budget = env.result("budget");
+    assert_eq!(budget["stop_reason"], "budget", "{budget}");
+    assert!(budget["error"].as_str().unwrap().contains("wall budget"));
+    let vf = env.result("verify-fails");
+    assert_eq!(vf["status"], "failed");
+    assert_eq!(vf["stop_reason"], "submit");
+    assert_eq!(vf["verify"]["exit_code"], 3);
+    assert!(env.live_sandboxes().is_empty());
+}
+
+#[test]
+fn a_runner_killed_mid_episode_is_replayed_on_a_fresh_sandbox() {
+    let env = Env::new();
+    let marker = env.path("killed-once");
+    // The first attempt kills its own runner (the node process whose cwd is this sandbox's
+    // runner dir); the replay finds the marker and leaves it alone.
+    let kill = format!(
+        "if [ ! -e {m} ]; then touch {m}; for p in $(pgrep -f 'node runner.mjs'); do \
+         [ \"$(readlink /proc/$p/cwd)\" = \"$HOME/.wmo-runner\" ] && kill -9 $p; done; sleep 2; fi; echo alive",
+        m = marker.display()
+    );
+    let step =
+        serde_json::json!({"tool_calls": [{"name": "bash", "arguments": {"command": kill}}]});
+    let tasks = env.write_tasks(&[task(
+        "phoenix",
+        &format!(r#""model_script": [{step}, {SUBMIT}]"#),
+    )]);
+    let o = env.eval(&tasks, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r = env.result("phoenix");
+    assert_eq!(r["status"], "passed", "{r}");
+    assert_eq!(r["attempts"], 2, "{r}");
+    assert_eq!(r["retries"]["transport"], 1, "{r}");
+    assert!(env.live_sandboxes().is_empty());
+
+    // With no retries allowed, the same death is an `error`, never `max_turns`.
+    std::fs::remove_file(&marker).unwrap();
+    std::fs::remove_dir_all(env.out()).unwrap();
+    let o = env.eval(&tasks, &["--transport-retries", "0"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let r = env.result("phoenix");
+    assert_eq!(r["status"], "error", "{r}");
+    assert_eq!(r["stop_reason"], "error", "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("runner process exited"),
+        "{r}"
+    );
+    assert!(env.live_sandboxes().is_empty());
+}
+
+#[test]
+fn a_hanging_verify_is_bounded_by_the_task_timeout() {
+    let env = Env::new();
+    let tasks = env.write_tasks(&[task(
+        "hang",
+        &format!(r#""timeout_s": 2, "verify": "sleep 600", "model_script": [{SUBMIT}]"#),
+    )]);
+    let t0 = Instant::now();
+    let o = env.eval(&tasks, &[]);
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "verify was not bounded"
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let r = env.result("hang");
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["verify"]["timed_out"], true, "{r}");
+}
+
+#[test]
+fn malformed_tasks_are_rejected_before_any_sandbox_starts() {
+    let env = Env::new();
+    let cases = [
+        ("{\"id\": \"a\", \"instruction\": \"x\"}\n{oops\n", ":2:"),
+        ("{\"id\": \"a\"}\n", "instruction"),
+        (
+            "{\"id\": \"a\", \"instruction\": \"x\"}\n{\"id\": \"a\", \"instruction\": \"y\"}\n",
+            "duplicate",
+        ),
+        (
+            "{\"id\": \"a\", \"instruction\": \"x\", \"max_turns\": \"many\"}\n",
+            "max_turns",
+        ),
+    ];
+    for (content, needle) in cases {
+        let p = env.path("bad.jsonl");
+        std::fs::write(&p, content).unwrap();
+        let o = env.eval(&p, &[]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("bad.jsonl"), "{err}");
+        assert!(err.contains(needle), "{needle}: {err}");
+        assert!(env.live_sandboxes().is_empty());
+    }
+    let o = env
+        .cmd(&["eval", "--tasks", "x.jsonl", "--backend", "cloud9"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = env
+        .cmd(&["eval", "--tasks", "missing.jsonl"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.jsonl"));
+}
+
+#[test]
+fn resume_and_shards() {
+    let env = Env::new();
+    let lines: Vec<String> = (0..12)
+        .map(|i| task(&format!("t{i}"), &format!(r#""model_script": [{SUBMIT}]"#)))
+        .collect();
+    let tasks = env.write_tasks(&lines);
+    let out = env.out();
+    let o = env.eval(&tasks, &["--shard", "0/2", "-j", "4"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let first: Vec<String> = env
+        .results()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!first.is_empty() && first.len() < 12, "{first:?}");
+    let o = env.eval(&tasks, &["--shard", "1/2", "-j", "4"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let mut all: Vec<String> = env
+        .results()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 12);
+    assert_eq!(env.results().len(), 12, "a task ran in both shards");
+
+    // Everything is finished: a resume runs nothing.
+    let o = env.eval(&tasks, &["--resume", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(env.results().len(), 12);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["type"], "summary");
+    assert_eq!(last["summary"]["skipped"], 12);
+
+    let o = env
+        .cmd(&["eval", "--tasks", tasks.to_str().unwrap(), "--resume"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = env
+        .cmd(&["eval", "--tasks", tasks.to_str().unwrap(), "--shard", "2/2"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let _ = out;
+}
+
+#[test]
+fn json_mode_prints_only_json_lines() {
+    let env = Env::new();
+    let tasks = env.write_tasks(&[task("a", &format!(r#""model_script": [{SUBMIT}]"#))]);
+    let o = env.eval(&tasks, &["--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let types: Vec<String> = stdout
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{l}: {e}"))["type"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        types,
+        ["run_started", "task_started", "task_finished", "summary"]
+    );
+}
+
+#[test]
+fn two_hundred_tasks_at_j16_all_land_and_nothing_is_left() {
+    let env = Env::new();
+    let bash =
+        r#"{"tool_calls": [{"name": "bash", "arguments": {"command": "echo $RANDOM > r.txt"}}]}"#;
+    let lines: Vec<String> = (0..200)
+        .map(|i| {
+            task(
+                &format!("t{i:03}"),
+                &format!(r#""verify": "test -s r.txt", "model_script": [{bash}, {SUBMIT}]"#),
+            )
+        })
+        .collect();
+    let tasks = env.write_tasks(&lines);
+    let o = env.eval(&tasks, &["-j", "16"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let results = env.results();
+    assert_eq!(results.len(), 200);
+    assert!(results.iter().all(|r| r["status"] == "passed"));
+    // Warm reuse: far fewer sandboxes than tasks.
+    let reused = results
+        .iter()
+        .filter(|r| r["sandbox"]["reused"] == true)
+        .count();
+    assert!(
+        reused >= 150,
+        "only {reused} of 200 episodes reused a sandbox"
+    );
+    assert!(
+        env.live_sandboxes().is_empty(),
+        "{:?}",
+        env.live_sandboxes()
+    );
+}
+
+/// Sends SIGINT to the child once `results.jsonl` has at least `n` lines.
+fn interrupt_after(env: &Env, child: &mut std::process::Child, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while env.results().len() < n {
+        assert!(Instant::now() < deadline, "no results appeared");
+        assert!(child.try_wait().unwrap().is_none(), "eval ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    unsafe { libc_kill(child.id() as i32, 2) };
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+fn wait_bounded(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("eval did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn ctrl_c_keeps_finished_results_and_kills_every_sandbox() {
+    let env = Env::new();
+    let lines: Vec<String> = (0..40)
+        .map(|i| {
+            let delay = if i < 2 { 0 } else { 20_000 };
+            task(
+                &format!("t{i:02}"),
+                &format!(r#""model_script": [{{"delay_ms": {delay}}}, {SUBMIT}]"#),
+            )
+        })
+        .collect();
+    let tasks = env.write_tasks(&lines);
+    let out = env.out();
+    let mut child = env
+        .cmd(&[
+            "eval",
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "-j",
+            "4",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    interrupt_after(&env, &mut child, 1);
+    let status = wait_bounded(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(130));
+    let results = env.results();
+    assert!(results.iter().any(|r| r["status"] == "passed"));
+    assert!(results.len() < 40, "scheduling did not stop");
+    for r in &results {
+        assert!(r["status"] == "passed" || r["status"] == "cancelled", "{r}");
+    }
+    assert!(
+        env.live_sandboxes().is_empty(),
+        "{:?}",
+        env.live_sandboxes()
+    );
+
+    // A resume runs what was cancelled or never started (quickly this time).
+    let quick: Vec<String> = (0..40)
+        .map(|i| {
+            task(
+                &format!("t{i:02}"),
+                &format!(r#""model_script": [{SUBMIT}]"#),
+            )
+        })
+        .collect();
+    let tasks = env.write_tasks(&quick);
+    let o = env.eval(&tasks, &["--resume", "-j", "8", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let mut ids: Vec<String> = env
+        .results()
+        .iter()
+        .filter(|r| r["status"] == "passed")
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        40,
+        "every task passed exactly once across the two runs"
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        last["summary"]["skipped"].as_u64().unwrap() as usize,
+        results.iter().filter(|r| r["status"] == "passed").count()
+    );
+    let _ = o;
+}
+
+#[test]
+fn a_second_ctrl_c_kills_sandboxes_and_exits_at_once() {
+    let env = Env::new();
+    let lines: Vec<String> = (0..8)
+        .map(|i| {
+            // A long bash call keeps the episode busy even after the first Ctrl-C.
+            let step = if i == 0 {
+                SUBMIT.to_string()
+            } else {
+                r#"{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}"#
+                    .to_string()
+            };
+            task(
+                &format!("t{i}"),
+                &format!(r#""model_script": [{step}, {SUBMIT}]"#),
+            )
+        })
+        .collect();
+    let tasks = env.write_tasks(&lines);
+    let out = env.out();
+    let mut child = env
+        .cmd(&[
+            "eval",
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "-j",
+            "8",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    interrupt_after(&env, &mut child, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    unsafe { libc_kill(child.id() as i32, 2) };
+    let status = wait_bounded(&mut child, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        env.live_sandboxes().is_empty(),
+        "{:?}",
+        env.live_sandboxes()
+    );
+    assert!(env.results().iter().any(|r| r["id"] == "t0"));
+}
