@@ -7,6 +7,7 @@ pub mod cancel;
 pub mod channel;
 pub mod environment;
 pub mod episode;
+pub mod emulator;
 pub mod eval;
 pub mod provider;
 pub mod report;

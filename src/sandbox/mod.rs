@@ -5,6 +5,7 @@
 //! sandboxes and E2B microVMs. Paths handed to a sandbox are absolute paths built from
 //! [`Sandbox::home`].
 
+pub mod e2b;
 pub mod local;
 pub mod pool;
 

@@ -1,0 +1,1 @@
+//! The E2B-compatible emulator (being written).

@@ -1,0 +1,1 @@
+//! The E2B backend (being written).
