@@ -5,9 +5,9 @@
 
 pub mod cancel;
 pub mod channel;
+pub mod emulator;
 pub mod environment;
 pub mod episode;
-pub mod emulator;
 pub mod eval;
 pub mod provider;
 pub mod report;

@@ -609,3 +609,175 @@ fn a_second_ctrl_c_kills_sandboxes_and_exits_at_once() {
     );
     assert!(env.results().iter().any(|r| r["id"] == "t0"));
 }
+
+/// A PATH holding every tool of /usr/bin and /bin except `node`, plus `extra` scripts.
+fn path_without_node(env: &Env, extra: &[(&str, &str)]) -> String {
+    let bin = env.path("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for dir in ["/usr/bin", "/bin"] {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let name = entry.file_name();
+            let link = bin.join(&name);
+            if name == "node" || link.exists() {
+                continue;
+            }
+            let _ = std::os::unix::fs::symlink(entry.path(), link);
+        }
+    }
+    for (name, body) in extra {
+        let p = bin.join(name);
+        std::fs::write(&p, body).unwrap();
+        let mut perm = std::fs::metadata(&p).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+        std::fs::set_permissions(&p, perm).unwrap();
+    }
+    bin.display().to_string()
+}
+
+#[test]
+fn missing_or_old_node_stops_the_run_with_a_clear_error() {
+    let env = Env::new();
+    let lines: Vec<String> = (0..6)
+        .map(|i| task(&format!("t{i}"), &format!(r#""model_script": [{SUBMIT}]"#)))
+        .collect();
+    let tasks = env.write_tasks(&lines);
+    let out = env.out();
+    let args = [
+        "eval",
+        "--tasks",
+        tasks.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let path = path_without_node(&env, &[]);
+    let o = env.cmd(&args).env("PATH", &path).output().unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("Node.js is not installed"), "{err}");
+    assert!(err.contains(">= 18"), "{err}");
+    // It stopped instead of failing every task the same way.
+    assert!(env.results().len() < 6, "{:?}", env.results());
+    assert!(env.live_sandboxes().is_empty());
+
+    std::fs::remove_dir_all(&out).unwrap();
+    let old = "#!/bin/sh\necho 'wmo-e2b runner needs Node.js >= 18 (found v16.20.0)' >&2\nexit 3\n";
+    let path = path_without_node(&env, &[("node", old)]);
+    let o = env.cmd(&args).env("PATH", &path).output().unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("too old"), "{err}");
+    assert!(err.contains("v16.20.0"), "{err}");
+    assert!(env.live_sandboxes().is_empty());
+}
+
+/// A chat-completions server: the first request of each conversation gets a 500, then the
+/// agent runs `env`, then submits. Returns the bodies it saw.
+fn serve_chat(server: tiny_http::Server, key: &'static str) -> std::thread::JoinHandle<Vec<Value>> {
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut failed_once = false;
+        while let Ok(Some(mut req)) = server.recv_timeout(Duration::from_secs(30)) {
+            let auth = req
+                .headers()
+                .iter()
+                .find(|h| h.field.equiv("Authorization"))
+                .map(|h| h.value.as_str().to_string());
+            let mut body = String::new();
+            std::io::Read::read_to_string(req.as_reader(), &mut body).unwrap();
+            let body: Value = serde_json::from_str(&body).unwrap();
+            seen.push(body.clone());
+            if auth.as_deref() != Some(&format!("Bearer {key}")) {
+                let _ = req.respond(tiny_http::Response::from_string("{}").with_status_code(401));
+                continue;
+            }
+            if !failed_once {
+                failed_once = true;
+                let _ = req.respond(tiny_http::Response::from_string("oops").with_status_code(500));
+                continue;
+            }
+            let has_tool_result = body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["role"] == "tool");
+            let (name, args) = if has_tool_result {
+                ("submit", r#"{"answer":"done"}"#)
+            } else {
+                ("bash", r#"{"command":"env"}"#)
+            };
+            let reply = serde_json::json!({
+                "id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                    "role": "assistant", "content": null,
+                    "tool_calls": [{"id": "call_1", "type": "function",
+                                    "function": {"name": name, "arguments": args}}]}}],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
+            });
+            let _ = req.respond(tiny_http::Response::from_string(reply.to_string()));
+            if name == "submit" {
+                break;
+            }
+        }
+        seen
+    })
+}
+
+#[test]
+fn an_openai_compatible_model_drives_the_episode_and_its_key_stays_on_the_host() {
+    const KEY: &str = "sk-test-a8f3e1c9d2b74f06";
+    let env = Env::new();
+    let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+    let port = server.server_addr().to_ip().unwrap().port();
+    let seen = serve_chat(server, KEY);
+    let tasks = env.write_tasks(&[task("real", "")]);
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let out = env.out();
+    let o = env
+        .cmd(&[
+            "eval",
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--model",
+            "test-model",
+            "--base-url",
+            &base,
+            "--api-key-env",
+            "WMO_TEST_KEY",
+        ])
+        .env("WMO_TEST_KEY", KEY)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r = env.result("real");
+    assert_eq!(r["status"], "passed", "{r}");
+    assert_eq!(r["answer"], "done");
+    assert_eq!(r["retries"]["provider"], 1, "{r}");
+    assert_eq!(r["tokens"]["input"], 22, "{r}");
+    assert_eq!(r["tokens"]["calls"], 2, "{r}");
+    let transcript = std::fs::read_to_string(out.join("transcripts/real.jsonl")).unwrap();
+    assert!(transcript.contains("HOME="), "the env tool call ran");
+    assert!(!transcript.contains(KEY), "the API key reached the sandbox");
+    let bodies = seen.join().unwrap();
+    assert_eq!(bodies.len(), 3);
+    assert!(bodies.iter().all(|b| b["model"] == "test-model"));
+    assert!(bodies[0]["tools"].as_array().unwrap().len() >= 4);
+
+    // A missing key is a usage error naming the variable, before any sandbox starts.
+    let o = env
+        .cmd(&[
+            "eval",
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--model",
+            "m",
+            "--api-key-env",
+            "WMO_NO_SUCH_KEY",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("WMO_NO_SUCH_KEY"));
+    assert!(env.live_sandboxes().is_empty());
+}

@@ -187,6 +187,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         provider,
         events: tx,
         cancel: cancel.clone(),
+        fatal: Default::default(),
     });
     // The run dropped its sender; the reporter drains and returns.
     let records = reporter.join().unwrap_or_default();
@@ -199,6 +200,9 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         );
     } else {
         print!("{}", report::summary_table(&records, &summary));
+        if let Some(fatal) = &summary.fatal {
+            eprintln!("error: the run stopped early: {fatal}");
+        }
         println!("results: {}", out_dir.join("results.jsonl").display());
     }
     Ok(exit_for(
@@ -210,7 +214,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
 fn exit_for(summary: &EvalSummary, interrupted: bool) -> Exit {
     if interrupted {
         Exit::Interrupted
-    } else if summary.cleanup_error.is_some() {
+    } else if summary.cleanup_error.is_some() || summary.fatal.is_some() {
         Exit::Infrastructure
     } else if summary.failed + summary.errors + summary.cancelled > 0 {
         Exit::TasksFailed

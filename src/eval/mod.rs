@@ -101,6 +101,8 @@ pub struct EvalSummary {
     pub wall_seconds: f64,
     /// Kills the pool could not prove at close.
     pub cleanup_error: Option<String>,
+    /// Why the run stopped early, when a problem made every task fail the same way.
+    pub fatal: Option<String>,
 }
 
 impl EvalSummary {
@@ -130,6 +132,8 @@ pub struct EvalRun<'a> {
     pub provider: Arc<dyn Provider>,
     pub events: Sender<EvalEvent>,
     pub cancel: CancelToken,
+    /// Set by the first worker that finds the run cannot go on (the runner cannot start).
+    pub fatal: std::sync::OnceLock<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -209,6 +213,7 @@ pub fn run(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     }
     writer.sync()?;
     summary.sandboxes = run.pool.usage();
+    summary.fatal = run.fatal.get().cloned();
     summary.wall_seconds = started.elapsed().as_secs_f64();
     Ok(summary)
 }
@@ -336,6 +341,12 @@ fn run_attempt(
             } else {
                 Status::Error
             };
+            if matches!(e, PoolError::Bootstrap(_)) && status == Status::Error {
+                // A runner that cannot start for a reason a fresh sandbox will not fix (no
+                // Node.js, a protocol mismatch) fails every task the same way: stop now.
+                let _ = run.fatal.set(reason.clone());
+                run.cancel.cancel();
+            }
             let mut r = blank_record(task, status, &progress, attempt);
             r.stop_reason = StopReason::Error.as_str().into();
             r.error = Some(reason);

@@ -1,0 +1,98 @@
+//! The stdio channel over a real local process: garbage, oversized lines, keepalives, exits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use wmo_e2b::channel::{frame, ChannelError, StdioChannel};
+use wmo_e2b::sandbox::local::LocalBackend;
+use wmo_e2b::sandbox::{Backend, CreateSpec, Sandbox, SpawnOpts};
+
+fn sandbox(dir: &tempfile::TempDir) -> (Arc<LocalBackend>, Arc<dyn Sandbox>) {
+    let backend = LocalBackend::open(dir.path()).unwrap();
+    let sb = backend
+        .create(&CreateSpec {
+            timeout_secs: 120,
+            ..CreateSpec::default()
+        })
+        .unwrap();
+    (backend, sb)
+}
+
+fn line(v: serde_json::Value) -> String {
+    String::from_utf8(frame::encode(&v)).unwrap()
+}
+
+#[test]
+fn garbage_and_oversized_lines_become_diagnostics_and_frames_still_flow() {
+    let dir = tempfile::tempdir().unwrap();
+    let (backend, sb) = sandbox(&dir);
+    let hello = line(json!({"type": "hello", "protocol": 1}));
+    let keep = line(json!({"type": "transport_keepalive"}));
+    let after = line(json!({"type": "tool_request", "req_id": 1, "name": "bash"}));
+    std::fs::write(
+        dir.path().join("script"),
+        format!(
+            "printf '%s' '{hello}'\necho 'console noise on stdout'\n\
+             head -c 70000000 /dev/zero | tr '\\0' 'A'; echo\n\
+             printf '%s' '{keep}'\nprintf '%s' '{after}'\necho 'to stderr' >&2\nsleep 1\nexit 7\n"
+        ),
+    )
+    .unwrap();
+    let cmd = format!("bash {}", dir.path().join("script").display());
+    let process = sb.spawn(&cmd, &SpawnOpts::default()).unwrap();
+    let mut ch = StdioChannel::new(sb.clone(), process, None);
+    let first = ch.recv(Duration::from_secs(20)).unwrap().unwrap();
+    assert_eq!(first["type"], "hello");
+    // The keepalive is consumed by the channel; the next frame is the request.
+    let second = ch.recv(Duration::from_secs(20)).unwrap().unwrap();
+    assert_eq!(second["type"], "tool_request");
+    let err = ch.recv(Duration::from_secs(20)).unwrap_err();
+    match &err {
+        ChannelError::Exited { code, stderr_tail } => {
+            assert_eq!(*code, Some(7));
+            assert!(
+                stderr_tail.contains("[stdout] console noise"),
+                "{stderr_tail}"
+            );
+            assert!(
+                stderr_tail.contains("70000000-byte stdout line"),
+                "{stderr_tail}"
+            );
+            assert!(stderr_tail.contains("to stderr"), "{stderr_tail}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(err.to_string().contains("exit 7"), "{err}");
+    // The end is sticky.
+    assert!(matches!(
+        ch.recv(Duration::from_millis(10)),
+        Err(ChannelError::Exited { .. })
+    ));
+    let _ = backend.kill(sb.id());
+}
+
+#[test]
+fn a_closed_channel_reads_as_a_clean_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (backend, sb) = sandbox(&dir);
+    let process = sb
+        .spawn(
+            "cat > /dev/null",
+            &SpawnOpts {
+                stdin: true,
+                ..SpawnOpts::default()
+            },
+        )
+        .unwrap();
+    let mut ch = StdioChannel::new(sb.clone(), process, None);
+    assert!(matches!(
+        ch.recv(Duration::from_millis(50)),
+        Err(ChannelError::Timeout { .. })
+    ));
+    ch.close();
+    ch.close();
+    sb.close_stdin(ch.pid()).unwrap();
+    assert!(ch.recv(Duration::from_secs(10)).unwrap().is_none());
+    let _ = backend.kill(sb.id());
+}
