@@ -781,3 +781,45 @@ fn an_openai_compatible_model_drives_the_episode_and_its_key_stays_on_the_host()
     assert!(String::from_utf8_lossy(&o.stderr).contains("WMO_NO_SUCH_KEY"));
     assert!(env.live_sandboxes().is_empty());
 }
+
+#[test]
+fn the_first_ctrl_c_cancels_a_long_tool_call_promptly() {
+    let env = Env::new();
+    let marker = env.path("started");
+    let step = serde_json::json!({"tool_calls": [{"name": "bash",
+        "arguments": {"command": format!("touch {}; sleep 120", marker.display())}}]});
+    let tasks = env.write_tasks(&[task(
+        "slow",
+        &format!(r#""model_script": [{step}, {SUBMIT}]"#),
+    )]);
+    let out = env.out();
+    let mut child = env
+        .cmd(&[
+            "eval",
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !marker.exists() {
+        assert!(Instant::now() < deadline, "the tool call never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    unsafe { libc_kill(child.id() as i32, 2) };
+    // Well under the 120 s the command would take.
+    let status = wait_bounded(&mut child, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(130));
+    let r = env.result("slow");
+    assert_eq!(r["status"], "cancelled", "{r}");
+    assert_eq!(r["stop_reason"], "cancelled", "{r}");
+    assert!(
+        env.live_sandboxes().is_empty(),
+        "{:?}",
+        env.live_sandboxes()
+    );
+}

@@ -2,14 +2,16 @@
 //! per-episode workspace.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::RecvTimeoutError;
 
 use serde_json::{Map, Value};
 
 use super::{EnvError, Environment, ToolOutput};
 use crate::cancel::CancelToken;
 use crate::runner::shell_quote;
-use crate::sandbox::{Captured, ErrorClass, RunOpts, Sandbox, SandboxError};
+use crate::sandbox::{Captured, ErrorClass, ProcessEvent, Sandbox, SandboxError, SpawnOpts};
 
 /// Bytes of tool output an agent sees, as head + tail.
 pub const MAX_TOOL_OUTPUT: usize = 32 * 1024;
@@ -49,30 +51,69 @@ impl SandboxEnvironment {
             .map_err(|e| format!("path {path:?} escapes the workspace {ws}: {e}"))
     }
 
-    fn bash(&self, command: &str) -> Result<ToolOutput, EnvError> {
+    fn bash(&self, command: &str, cancel: &CancelToken) -> Result<ToolOutput, EnvError> {
         let secs = self.bash_timeout.as_secs().max(1);
-        // coreutils `timeout` sends TERM first and KILL after a grace period; the sandbox-level
-        // timeout below is the hard bound if even that does not end it.
+        // coreutils `timeout` sends TERM first and KILL after a grace period; our own deadline
+        // below is the hard bound if even that does not end it.
         let wrapped = format!(
             "timeout -k {}s {secs}s bash -c {}",
             KILL_AFTER.as_secs(),
             shell_quote(command)
         );
-        let opts = RunOpts {
-            cwd: Some(self.workspace.clone()),
-            envs: Vec::new(),
-            timeout: self.bash_timeout + KILL_AFTER + Duration::from_secs(3),
-            max_output: MAX_TOOL_OUTPUT,
+        let sandbox_err = |source| EnvError::Sandbox {
+            tool: "bash".into(),
+            source,
         };
-        let out = self
+        // Spawned rather than run so that cancellation (Ctrl-C) ends a long command now, not
+        // when it finishes.
+        let process = self
             .sandbox
-            .run(&wrapped, &opts)
-            .map_err(|source| EnvError::Sandbox {
-                tool: "bash".into(),
-                source,
-            })?;
+            .spawn(
+                &wrapped,
+                &SpawnOpts {
+                    cwd: Some(self.workspace.clone()),
+                    envs: Vec::new(),
+                    stdin: false,
+                },
+            )
+            .map_err(sandbox_err)?;
+        let deadline = Instant::now() + self.bash_timeout + KILL_AFTER + Duration::from_secs(3);
+        let (mut stdout, mut stderr) = (Captured::default(), Captured::default());
+        let mut exit = None;
+        let mut timed_out = false;
+        loop {
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .min(crate::cancel::POLL);
+            match process.events.recv_timeout(wait) {
+                Ok(ProcessEvent::Stdout(chunk)) => stdout.push(&chunk, MAX_TOOL_OUTPUT),
+                Ok(ProcessEvent::Stderr(chunk)) => stderr.push(&chunk, MAX_TOOL_OUTPUT),
+                Ok(ProcessEvent::Exit(code)) => {
+                    exit = code;
+                    break;
+                }
+                Ok(ProcessEvent::Failed(e)) => return Err(sandbox_err(e)),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(sandbox_err(SandboxError::NoSuchProcess {
+                        id: self.sandbox.id().to_string(),
+                        pid: process.pid,
+                    }))
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if cancel.is_cancelled() {
+                        let _ = self.sandbox.kill_process(process.pid);
+                        return Ok(ToolOutput::error("interrupted"));
+                    }
+                    if Instant::now() >= deadline {
+                        let _ = self.sandbox.kill_process(process.pid);
+                        timed_out = true;
+                        break;
+                    }
+                }
+            }
+        }
         let mut merged = Captured::default();
-        for part in [&out.stdout, &out.stderr] {
+        for part in [&stdout, &stderr] {
             merged.push(&part.head, MAX_TOOL_OUTPUT);
             if part.dropped > 0 {
                 merged.push(
@@ -83,8 +124,8 @@ impl SandboxEnvironment {
             merged.push(&part.tail, MAX_TOOL_OUTPUT);
         }
         let mut content = merged.to_text();
-        let timed_out = out.timed_out || matches!(out.exit_code, Some(124) | Some(137));
-        match out.exit_code {
+        let timed_out = timed_out || matches!(exit, Some(124) | Some(137));
+        match exit {
             _ if timed_out => content.push_str(&format!("\n[timed out after {secs}s]")),
             Some(0) => {}
             Some(code) => content.push_str(&format!("\n[exit {code}]")),
@@ -92,7 +133,7 @@ impl SandboxEnvironment {
         }
         Ok(ToolOutput {
             content,
-            is_error: out.exit_code != Some(0),
+            is_error: exit != Some(0) || timed_out,
         })
     }
 
@@ -161,7 +202,7 @@ impl Environment for SandboxEnvironment {
             return Ok(ToolOutput::error("interrupted"));
         }
         let result = match name {
-            "bash" => str_arg(args, "command").map(|c| self.bash(c)),
+            "bash" => str_arg(args, "command").map(|c| self.bash(c, cancel)),
             "read_file" => str_arg(args, "path").map(|p| self.read_file(p)),
             "write_file" => str_arg(args, "path")
                 .and_then(|p| str_arg(args, "content").map(|c| self.write_file(p, c))),
