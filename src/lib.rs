@@ -10,6 +10,7 @@ pub mod environment;
 pub mod episode;
 pub mod eval;
 pub mod provider;
+pub mod reap;
 pub mod report;
 pub mod runner;
 pub mod sandbox;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use wmo_e2b::cancel::CancelToken;
 use wmo_e2b::eval::{self, results, EvalLimits, EvalRun, EvalSummary};
 use wmo_e2b::provider::openai::{OpenAiConfig, OpenAiProvider};
@@ -13,18 +13,13 @@ use wmo_e2b::provider::scripted::ScriptedProvider;
 use wmo_e2b::provider::Provider;
 use wmo_e2b::report::{self, ReportMode};
 use wmo_e2b::runner::BootstrapOpts;
-use wmo_e2b::sandbox::local::LocalBackend;
+use wmo_e2b::sandbox::leased::LeasedBackend;
+use wmo_e2b::sandbox::ledger::Ledger;
 use wmo_e2b::sandbox::pool::{self, Pool, PoolConfig};
 use wmo_e2b::sandbox::{Backend, CreateSpec, Metadata};
 use wmo_e2b::task;
 
-use super::{Exit, UsageError};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BackendKind {
-    /// Process sandboxes on this machine (no account needed).
-    Local,
-}
+use super::{open_backend, BackendKind, Exit, UsageError};
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -125,24 +120,29 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         Arc::new(OpenAiProvider::new(config).map_err(|e| UsageError(e.to_string()))?)
     };
 
-    let backend: Arc<dyn Backend> = match args.backend {
-        BackendKind::Local => LocalBackend::open(&wmo_e2b::state::state_dir())
-            .context("cannot open the local sandbox backend")?,
-    };
+    let run_id = out_dir
+        .file_name()
+        .map_or_else(|| "eval".to_string(), |n| n.to_string_lossy().into_owned());
+    let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &run_id)
+        .context("cannot open the lease ledger")?;
+    // Every sandbox of the run is leased before it is created.
+    let backend: Arc<dyn Backend> = Arc::new(LeasedBackend::new(
+        open_backend(args.backend)?,
+        ledger,
+        "eval",
+    ));
     let max_episode = tasks
         .iter()
         .filter_map(|t| t.timeout_s)
         .map(Duration::from_secs_f64)
         .fold(args.episode_timeout, Duration::max);
-    let mut metadata = Metadata::new();
-    metadata.insert("wmo-e2b.kind".into(), "eval".into());
     let pool = Arc::new(Pool::new(
         backend,
         PoolConfig {
             spec: CreateSpec {
                 template: None,
                 timeout_secs: 0,
-                metadata,
+                metadata: Metadata::new(),
                 envs: Vec::new(),
                 internet: true,
             },

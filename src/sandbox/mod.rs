@@ -6,6 +6,9 @@
 //! [`Sandbox::home`].
 
 pub mod e2b;
+pub mod inventory;
+pub mod leased;
+pub mod ledger;
 pub mod local;
 pub mod pool;
 

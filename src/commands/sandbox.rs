@@ -1,0 +1,86 @@
+//! `wmo-e2b sandbox list|kill`: look at and kill this tool's sandboxes.
+
+use anyhow::Result;
+use clap::Subcommand;
+use wmo_e2b::sandbox::{inventory, Killed};
+
+use super::{open_backend, BackendKind, Exit};
+
+#[derive(Debug, Subcommand)]
+pub enum SandboxCommand {
+    /// This tool's live sandboxes, with owner, kind, age, deadline and lease state.
+    List {
+        #[arg(long, value_enum, default_value = "local")]
+        backend: BackendKind,
+        /// Every sandbox the backend lists, not only this tool's.
+        #[arg(long)]
+        all: bool,
+        /// One JSON array (`[]` when nothing is live).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Kill sandboxes by id and retire their leases.
+    Kill {
+        #[arg(long, value_enum, default_value = "local")]
+        backend: BackendKind,
+        #[arg(required = true, value_name = "ID")]
+        ids: Vec<String>,
+    },
+}
+
+pub fn run(cmd: SandboxCommand) -> Result<Exit> {
+    let state = wmo_e2b::state::state_dir();
+    match cmd {
+        SandboxCommand::List { backend, all, json } => {
+            let backend = open_backend(backend)?;
+            let rows = inventory::list(backend.as_ref(), &state, all)?;
+            if json {
+                println!("{}", serde_json::to_string(&rows)?);
+            } else if rows.is_empty() {
+                println!("no live sandboxes");
+            } else {
+                let now = wmo_e2b::sandbox::ledger::unix_now();
+                println!(
+                    "{:<24}  {:<8}  {:>7}  {:>10}  {:<14}  {}",
+                    "sandbox", "kind", "age", "expires in", "lease", "owner"
+                );
+                for r in rows {
+                    println!(
+                        "{:<24}  {:<8}  {:>6}s  {:>9}s  {:<14}  {}",
+                        r.id,
+                        r.kind.as_deref().unwrap_or("-"),
+                        r.age_secs,
+                        r.deadline.saturating_sub(now),
+                        r.lease_state
+                            .map(|s| format!("{s:?}").to_lowercase())
+                            .unwrap_or_else(|| "none".into()),
+                        r.owner.as_deref().unwrap_or("-"),
+                    );
+                }
+            }
+            Ok(Exit::Success)
+        }
+        SandboxCommand::Kill { backend, ids } => {
+            let backend = open_backend(backend)?;
+            let mut failed = 0;
+            for id in &ids {
+                match inventory::kill(backend.as_ref(), &state, id) {
+                    Ok(Killed::Now) => println!("killed {id}"),
+                    Ok(Killed::AlreadyGone) => println!("{id} was already gone"),
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!(
+                            "error: could not kill {id}: {}",
+                            wmo_e2b::episode::error_chain(&e)
+                        );
+                    }
+                }
+            }
+            Ok(if failed > 0 {
+                Exit::Infrastructure
+            } else {
+                Exit::Success
+            })
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! A backend wrapper that puts every sandbox in the lease ledger before it exists.
+//!
+//! Jobs (eval's pool, projects) create sandboxes only through this, so no code path can
+//! create one the ledger does not know about: the lease is written `creating` before the
+//! create call, tagged onto the sandbox, moved to `active` once the id is known, and
+//! `retired` only after a proven kill.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::ledger::{
+    unix_now, LeaseRecord, LeaseState, Ledger, LedgerError, DEADLINE_SLACK_SECS, TAG_KIND,
+    TAG_LEASE, TAG_OWNER, TAG_RUN,
+};
+use super::{
+    Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, Process, ProcessInfo, Result,
+    RunOpts, Sandbox, SandboxError, SandboxSummary, SpawnOpts,
+};
+
+struct Tracker {
+    ledger: Ledger,
+    /// Leases of this process's live sandboxes, by sandbox id.
+    leases: Mutex<HashMap<String, LeaseRecord>>,
+}
+
+impl Tracker {
+    fn leases(&self) -> MutexGuard<'_, HashMap<String, LeaseRecord>> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a later deadline. The recorded one runs [`DEADLINE_SLACK_SECS`] ahead of the
+    /// real one, so this writes at most once per slack period.
+    fn extend(&self, sandbox_id: &str, secs: u64) -> Result<()> {
+        let wanted = unix_now() + secs;
+        let record = {
+            let mut leases = self.leases();
+            let Some(r) = leases.get_mut(sandbox_id) else {
+                return Ok(());
+            };
+            if wanted <= r.deadline {
+                return Ok(());
+            }
+            r.deadline = wanted + DEADLINE_SLACK_SECS;
+            r.updated = unix_now();
+            r.clone()
+        };
+        self.ledger.write(&record).map_err(ledger_error)
+    }
+
+    fn retire(&self, sandbox_id: &str, outcome: std::result::Result<(), String>) {
+        let taken = {
+            let mut leases = self.leases();
+            match &outcome {
+                Ok(()) => leases.remove(sandbox_id),
+                Err(_) => leases.get(sandbox_id).cloned(),
+            }
+        };
+        let Some(mut record) = taken else { return };
+        let (state, error) = match outcome {
+            Ok(()) => (LeaseState::Retired, None),
+            Err(e) => (LeaseState::CleanupFailed, Some(e)),
+        };
+        // A lease that cannot be updated stays `active`; reap finds it once we are gone.
+        let _ = self.ledger.transition(&mut record, state, error);
+    }
+}
+
+fn ledger_error(e: LedgerError) -> SandboxError {
+    SandboxError::Remote {
+        class: ErrorClass::Transport,
+        message: "the lease ledger could not be written".into(),
+        source: Some(Box::new(e)),
+    }
+}
+
+pub struct LeasedBackend {
+    inner: Arc<dyn Backend>,
+    kind: String,
+    tracker: Arc<Tracker>,
+}
+
+impl LeasedBackend {
+    /// `kind` is the job (`eval`, `project`) recorded in every lease.
+    pub fn new(inner: Arc<dyn Backend>, ledger: Ledger, kind: &str) -> LeasedBackend {
+        LeasedBackend {
+            inner,
+            kind: kind.to_string(),
+            tracker: Arc::new(Tracker {
+                ledger,
+                leases: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.tracker.ledger
+    }
+
+    /// After a failed create the sandbox may exist anyway (the answer was lost); find it by
+    /// its lease tag and kill it, and retire the lease only when nothing is left.
+    fn resolve_failed_create(&self, lease: &mut LeaseRecord, cause: &SandboxError) {
+        let mut filter = Metadata::new();
+        filter.insert(TAG_LEASE.into(), lease.lease.clone());
+        let Ok(found) = self.inner.list(&filter) else {
+            return; // Unknown: the lease stays `creating` for reap to resolve.
+        };
+        let mut all_gone = true;
+        for s in found {
+            if self.inner.kill(&s.id).is_err() {
+                all_gone = false;
+            }
+        }
+        if all_gone {
+            let _ = self.tracker.ledger.transition(
+                lease,
+                LeaseState::Retired,
+                Some(format!("create failed: {cause}")),
+            );
+        }
+    }
+}
+
+impl Backend for LeasedBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn create(&self, spec: &CreateSpec) -> Result<Arc<dyn Sandbox>> {
+        let ledger = &self.tracker.ledger;
+        let mut lease = ledger
+            .begin(
+                &self.kind,
+                self.inner.name(),
+                spec.template.as_deref(),
+                spec.timeout_secs,
+            )
+            .map_err(ledger_error)?;
+        let mut spec = spec.clone();
+        spec.metadata.insert(TAG_LEASE.into(), lease.lease.clone());
+        spec.metadata.insert(TAG_OWNER.into(), ledger.owner().tag());
+        spec.metadata
+            .insert(TAG_RUN.into(), ledger.run().to_string());
+        spec.metadata.insert(TAG_KIND.into(), self.kind.clone());
+        let sandbox = match self.inner.create(&spec) {
+            Ok(s) => s,
+            Err(e) => {
+                self.resolve_failed_create(&mut lease, &e);
+                return Err(e);
+            }
+        };
+        let id = sandbox.id().to_string();
+        lease.sandbox_id = Some(id.clone());
+        if let Err(e) = ledger.transition(&mut lease, LeaseState::Active, None) {
+            // A sandbox the ledger cannot account for must not outlive this call.
+            if self.inner.kill(&id).is_ok() {
+                let _ = ledger.transition(&mut lease, LeaseState::Retired, Some(e.to_string()));
+            }
+            return Err(ledger_error(e));
+        }
+        self.tracker.leases().insert(id, lease);
+        Ok(Arc::new(LeasedSandbox {
+            inner: sandbox,
+            tracker: self.tracker.clone(),
+        }))
+    }
+
+    fn connect(&self, id: &str) -> Result<Arc<dyn Sandbox>> {
+        Ok(Arc::new(LeasedSandbox {
+            inner: self.inner.connect(id)?,
+            tracker: self.tracker.clone(),
+        }))
+    }
+
+    fn list(&self, filter: &Metadata) -> Result<Vec<SandboxSummary>> {
+        self.inner.list(filter)
+    }
+
+    fn kill(&self, id: &str) -> Result<Killed> {
+        match self.inner.kill(id) {
+            Ok(k) => {
+                self.tracker.retire(id, Ok(()));
+                Ok(k)
+            }
+            Err(e) => {
+                self.tracker.retire(id, Err(e.to_string()));
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A sandbox whose timeout changes are mirrored into its lease.
+struct LeasedSandbox {
+    inner: Arc<dyn Sandbox>,
+    tracker: Arc<Tracker>,
+}
+
+impl Sandbox for LeasedSandbox {
+    fn id(&self) -> &str {
+        self.inner.id()
+    }
+    fn home(&self) -> &str {
+        self.inner.home()
+    }
+    fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
+        self.inner.run(cmd, opts)
+    }
+    fn spawn(&self, cmd: &str, opts: &SpawnOpts) -> Result<Process> {
+        self.inner.spawn(cmd, opts)
+    }
+    fn connect(&self, pid: u32) -> Result<Process> {
+        self.inner.connect(pid)
+    }
+    fn send_stdin(&self, pid: u32, data: &[u8]) -> Result<()> {
+        self.inner.send_stdin(pid, data)
+    }
+    fn close_stdin(&self, pid: u32) -> Result<()> {
+        self.inner.close_stdin(pid)
+    }
+    fn processes(&self) -> Result<Vec<ProcessInfo>> {
+        self.inner.processes()
+    }
+    fn kill_process(&self, pid: u32) -> Result<()> {
+        self.inner.kill_process(pid)
+    }
+    fn read_file(&self, path: &str) -> Result<Vec<u8>> {
+        self.inner.read_file(path)
+    }
+    fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
+        self.inner.write_file(path, data)
+    }
+    fn set_timeout(&self, secs: u64) -> Result<()> {
+        // The lease first: a recorded deadline earlier than the real one could let reap kill
+        // a sandbox that is still in use.
+        self.tracker.extend(self.inner.id(), secs)?;
+        self.inner.set_timeout(secs)
+    }
+    fn set_internet(&self, allowed: bool) -> Result<()> {
+        self.inner.set_internet(allowed)
+    }
+}
