@@ -66,8 +66,8 @@ pub fn run(args: ReapArgs) -> Result<Exit> {
         println!("nothing to reap");
     } else {
         println!(
-            "{:<24}  {:<8}  {:>7}  {:<10}  {:<40}  {}",
-            "sandbox", "kind", "age", "result", "reason", "owner"
+            "{:<24}  {:<8}  {:>7}  {:<10}  {:<40}  owner",
+            "sandbox", "kind", "age", "result", "reason"
         );
         for (c, o) in plan.candidates.iter().zip(&outcomes) {
             println!(

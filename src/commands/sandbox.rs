@@ -41,8 +41,8 @@ pub fn run(cmd: SandboxCommand) -> Result<Exit> {
             } else {
                 let now = wmo_e2b::sandbox::ledger::unix_now();
                 println!(
-                    "{:<24}  {:<8}  {:>7}  {:>10}  {:<14}  {}",
-                    "sandbox", "kind", "age", "expires in", "lease", "owner"
+                    "{:<24}  {:<8}  {:>7}  {:>10}  {:<14}  owner",
+                    "sandbox", "kind", "age", "expires in", "lease"
                 );
                 for r in rows {
                     println!(
