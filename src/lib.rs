@@ -16,3 +16,4 @@ pub mod runner;
 pub mod sandbox;
 pub mod state;
 pub mod task;
+pub mod tree;

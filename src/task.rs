@@ -58,6 +58,9 @@ pub struct Task {
     pub metadata: Map<String, Value>,
     #[serde(default)]
     pub model_script: Option<Vec<ScriptStep>>,
+    /// What a scripted world model answers to each tool call (`--env world-model`).
+    #[serde(default)]
+    pub world_script: Option<Vec<ScriptStep>>,
 }
 
 /// A task that cannot be run, named by file and line.
@@ -175,17 +178,21 @@ fn validate(task: &Task) -> Result<(), String> {
     if task.max_turns == Some(0) {
         return Err("field `max_turns`: must be at least 1".into());
     }
-    if let Some(script) = &task.model_script {
+    for (field, script) in [
+        ("model_script", &task.model_script),
+        ("world_script", &task.world_script),
+    ] {
+        let Some(script) = script else { continue };
         for (i, step) in script.iter().enumerate() {
             for call in &step.tool_calls {
                 if call.name.is_empty() {
                     return Err(format!(
-                        "field `model_script[{i}].tool_calls`: a tool call has an empty name"
+                        "field `{field}[{i}].tool_calls`: a tool call has an empty name"
                     ));
                 }
                 if !(call.arguments.is_object() || call.arguments.is_string()) {
                     return Err(format!(
-                        "field `model_script[{i}].tool_calls`: arguments of {:?} must be an object or a JSON string",
+                        "field `{field}[{i}].tool_calls`: arguments of {:?} must be an object or a JSON string",
                         call.name
                     ));
                 }

@@ -823,3 +823,89 @@ fn the_first_ctrl_c_cancels_a_long_tool_call_promptly() {
         env.live_sandboxes()
     );
 }
+
+fn transcript_frames(env: &Env, id: &str) -> Vec<Value> {
+    std::fs::read_to_string(env.out().join(format!("transcripts/{id}.jsonl")))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l.get("frame").is_some())
+        .map(|l| l["frame"].clone())
+        .collect()
+}
+
+#[test]
+fn a_user_harness_directory_runs_instead_of_the_builtin_loop() {
+    let env = Env::new();
+    let dir = env.path("harness");
+    std::fs::create_dir_all(dir.join("lib")).unwrap();
+    std::fs::write(
+        dir.join("agent.mjs"),
+        r#"import { tag } from "./lib/tag.mjs";
+export async function runEpisode(ctx) {
+  ctx.log("harness " + tag + " starting on " + ctx.taskId);
+  const r = await ctx.tool("bash", { command: "echo from-harness > h.txt && cat h.txt" });
+  const c = await ctx.llm({ messages: [{ role: "user", content: ctx.instruction }], tools: ctx.tools });
+  ctx.submit(r.content.trim() + "|" + (c.choices[0].message.content || ""));
+}
+"#,
+    )
+    .unwrap();
+    std::fs::write(dir.join("lib/tag.mjs"), "export const tag = 'v1';\n").unwrap();
+    let tasks = env.write_tasks(&[task(
+        "custom",
+        r#""verify": "test -f h.txt", "model_script": [{"content": "hi"}]"#,
+    )]);
+    let o = env.eval(&tasks, &["--harness", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r = env.result("custom");
+    assert_eq!(r["status"], "passed", "{r}");
+    assert_eq!(r["answer"], "from-harness|hi", "{r}");
+    let frames = transcript_frames(&env, "custom");
+    let start = frames
+        .iter()
+        .find(|f| f["type"] == "episode_start")
+        .unwrap();
+    assert_eq!(start["harness"], "user");
+    assert!(start["files"]["lib/tag.mjs"].is_string());
+    assert!(frames
+        .iter()
+        .any(|f| f["type"] == "log" && f["message"] == "harness v1 starting on custom"));
+
+    // A harness directory that is not a plain tree is refused by name.
+    std::os::unix::fs::symlink("/etc/hostname", dir.join("lib/link")).unwrap();
+    let o = env.eval(&tasks, &["--harness", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("lib/link") && err.contains("symlink"), "{err}");
+}
+
+#[test]
+fn a_world_model_answers_tool_calls_and_nothing_runs_in_the_sandbox() {
+    let env = Env::new();
+    let marker = env.path("must-not-exist");
+    let bash = serde_json::json!({"tool_calls": [{"name": "bash",
+        "arguments": {"command": format!("touch {} && cat in.txt", marker.display())}}]});
+    let tasks = env.write_tasks(&[task(
+        "simulated",
+        &format!(
+            r#""files": {{"in.txt": "3 4"}}, "verify": "false", "model_script": [{bash}, {SUBMIT}], "world_script": [{{"content": "3 4 (simulated)"}}]"#
+        ),
+    )]);
+    let o = env.eval(&tasks, &["--env", "world-model"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r = env.result("simulated");
+    assert_eq!(r["status"], "passed", "{r}");
+    assert!(
+        r["verify"].is_null(),
+        "verify ran in a simulated environment: {r}"
+    );
+    assert!(!marker.exists(), "a tool call ran for real");
+    let frames = transcript_frames(&env, "simulated");
+    let reply = frames
+        .iter()
+        .find(|f| f["type"] == "tool_response")
+        .unwrap();
+    assert_eq!(reply["content"], "3 4 (simulated)");
+    assert_eq!(reply["is_error"], false);
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use wmo_e2b::cancel::CancelToken;
-use wmo_e2b::eval::{self, results, EvalLimits, EvalRun, EvalSummary};
+use wmo_e2b::eval::{self, results, EvalLimits, EvalRun, EvalSummary, Harness};
 use wmo_e2b::provider::openai::{OpenAiConfig, OpenAiProvider};
 use wmo_e2b::provider::scripted::ScriptedProvider;
 use wmo_e2b::provider::Provider;
@@ -18,8 +18,15 @@ use wmo_e2b::sandbox::ledger::Ledger;
 use wmo_e2b::sandbox::pool::{self, Pool, PoolConfig};
 use wmo_e2b::sandbox::{Backend, CreateSpec, Metadata};
 use wmo_e2b::task;
+use wmo_e2b::tree::TreeBounds;
 
 use super::{open_backend, BackendKind, Exit, UsageError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EnvKind {
+    Sandbox,
+    WorldModel,
+}
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -72,6 +79,18 @@ pub struct EvalArgs {
     /// Per-request timeout of model API calls.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     request_timeout: Duration,
+    /// What runs in the runner: `builtin` (its own tool-calling loop), or a directory holding
+    /// `agent.mjs` that exports `runEpisode(ctx)` (sent with every episode).
+    #[arg(long, default_value = "builtin", value_name = "builtin|DIR")]
+    harness: String,
+    /// Where tool calls land: `sandbox` runs them in the episode's sandbox; `world-model`
+    /// has a model simulate them (no sandbox command runs; files, setup and verify unused).
+    #[arg(long = "env", value_enum, default_value = "sandbox")]
+    environment: EnvKind,
+    /// The simulating model for `--env world-model`: `scripted` replays each task's
+    /// `world_script`; any other name uses --base-url and --api-key-env like --model.
+    #[arg(long, default_value = "scripted")]
+    world_model: String,
     /// Print events as JSON Lines on stdout instead of the progress and summary table.
     #[arg(long)]
     json: bool,
@@ -107,17 +126,24 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         })
         .collect();
 
-    let provider: Arc<dyn Provider> = if args.model == "scripted" {
-        Arc::new(ScriptedProvider::new())
-    } else {
-        let config = OpenAiConfig {
-            base_url: args.base_url.clone(),
-            model: args.model.clone(),
-            api_key_env: args.api_key_env.clone(),
-            timeout: args.request_timeout,
-            ..OpenAiConfig::default()
-        };
-        Arc::new(OpenAiProvider::new(config).map_err(|e| UsageError(e.to_string()))?)
+    let provider = make_provider(&args, &args.model)?;
+    let world_model = match args.environment {
+        EnvKind::Sandbox => None,
+        EnvKind::WorldModel => Some(make_provider(&args, &args.world_model)?),
+    };
+    let harness = match args.harness.as_str() {
+        "builtin" => Harness::Builtin,
+        dir => {
+            let files =
+                wmo_e2b::tree::read_harness(std::path::Path::new(dir), TreeBounds::default())
+                    .map_err(|e| UsageError(format!("--harness {dir}: {e}")))?;
+            Harness::Files(
+                files
+                    .into_iter()
+                    .map(|(k, v)| (k, serde_json::Value::String(v)))
+                    .collect(),
+            )
+        }
     };
 
     let run_id = out_dir
@@ -185,6 +211,8 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         },
         pool: pool.clone(),
         provider,
+        harness,
+        world_model,
         events: tx,
         cancel: cancel.clone(),
         fatal: Default::default(),
@@ -208,6 +236,22 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     Ok(exit_for(
         &summary,
         interrupted.load(std::sync::atomic::Ordering::SeqCst),
+    ))
+}
+
+fn make_provider(args: &EvalArgs, model: &str) -> Result<Arc<dyn Provider>> {
+    if model == "scripted" {
+        return Ok(Arc::new(ScriptedProvider::new()));
+    }
+    let config = OpenAiConfig {
+        base_url: args.base_url.clone(),
+        model: model.to_string(),
+        api_key_env: args.api_key_env.clone(),
+        timeout: args.request_timeout,
+        ..OpenAiConfig::default()
+    };
+    Ok(Arc::new(
+        OpenAiProvider::new(config).map_err(|e| UsageError(e.to_string()))?,
     ))
 }
 

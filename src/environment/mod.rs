@@ -1,6 +1,7 @@
 //! Environments: where an agent's tool calls land, on the host side of the channel.
 
 pub mod sandbox;
+pub mod world_model;
 
 use serde_json::{json, Map, Value};
 
@@ -8,6 +9,7 @@ use crate::cancel::CancelToken;
 use crate::sandbox::SandboxError;
 
 pub use sandbox::SandboxEnvironment;
+pub use world_model::WorldModelEnvironment;
 
 /// What a tool call returns to the agent. `is_error` is information for the agent, not a
 /// failure of the episode.

@@ -85,6 +85,8 @@ impl TokenMeter {
 #[derive(Debug, Clone)]
 pub struct EpisodeConfig {
     pub episode_id: String,
+    /// Which harness the runner runs: `builtin`, `pi`, or `user` (files hold `agent.mjs`).
+    pub harness: String,
     pub system: String,
     pub tools: Vec<Value>,
     /// Harness files sent with `episode_start` (empty for the builtin harness).
@@ -214,6 +216,7 @@ impl Broker<'_, '_> {
             "type": "episode_start",
             "episode_id": c.episode_id,
             "task_id": self.ep.task.id,
+            "harness": c.harness,
             "instruction": self.ep.task.instruction,
             "system": c.system,
             "tools": c.tools,

@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::Map;
 
 use crate::cancel::CancelToken;
-use crate::environment::{self, SandboxEnvironment};
+use crate::environment::{self, Environment, SandboxEnvironment, WorldModelEnvironment};
 use crate::episode::{
     self, error_chain, Episode, EpisodeConfig, EpisodeOutcome, StopReason, TokenMeter, Transcript,
 };
@@ -121,6 +121,35 @@ impl EvalSummary {
     }
 }
 
+/// What runs inside the runner.
+#[derive(Debug, Clone, Default)]
+pub enum Harness {
+    /// The runner's own tool-calling loop.
+    #[default]
+    Builtin,
+    /// The real pi agent loop (its packages installed where the bootstrap points).
+    Pi,
+    /// A user's harness: files sent with every episode, `agent.mjs` exporting `runEpisode`.
+    Files(Map<String, serde_json::Value>),
+}
+
+impl Harness {
+    fn name(&self) -> &'static str {
+        match self {
+            Harness::Builtin => "builtin",
+            Harness::Pi => "pi",
+            Harness::Files(_) => "user",
+        }
+    }
+
+    fn files(&self) -> Map<String, serde_json::Value> {
+        match self {
+            Harness::Files(f) => f.clone(),
+            _ => Map::new(),
+        }
+    }
+}
+
 /// Everything a run needs, already validated.
 pub struct EvalRun<'a> {
     pub tasks: &'a [Task],
@@ -130,6 +159,10 @@ pub struct EvalRun<'a> {
     pub limits: EvalLimits,
     pub pool: Arc<Pool>,
     pub provider: Arc<dyn Provider>,
+    pub harness: Harness,
+    /// With a world model, tool calls are simulated by it instead of run in the sandbox
+    /// (and the task's files, setup and verify are not used).
+    pub world_model: Option<Arc<dyn Provider>>,
     pub events: Sender<EvalEvent>,
     pub cancel: CancelToken,
     /// Set by the first worker that finds the run cannot go on (the runner cannot start).
@@ -391,68 +424,42 @@ fn episode_in(
         partial: progress,
     };
 
-    // Workspace: task files, then setup.
-    for (rel, content) in &task.files {
-        let path = match crate::sandbox::contained_path(&ws, rel) {
-            Ok(p) => p,
-            Err(e) => return (setup_error(task, &progress, attempt, error_chain(&e)), true),
-        };
-        if let Err(e) = sandbox.write_file(&path, content.as_bytes()) {
-            return (transport(&e, "writing task files", progress), false);
+    // Workspace: task files, then setup (not in a simulated environment).
+    if run.world_model.is_none() {
+        if let Err(attempt) = prepare_workspace(task, &sandbox, &ws, wall, &progress, attempt) {
+            return attempt;
         }
-    }
-    let setup = format!(
-        "mkdir -p {ws} && cd {ws} && {}",
-        task.setup.as_deref().unwrap_or("true"),
-        ws = shell_quote(&ws)
-    );
-    let setup_out = sandbox.run(
-        &setup,
-        &RunOpts {
-            timeout: wall,
-            max_output: SETUP_TAIL,
-            ..RunOpts::default()
-        },
-    );
-    match setup_out {
-        Ok(out) if out.exit_code == Some(0) => {}
-        Ok(out) => {
-            let detail = format!(
-                "setup failed ({}): {}{}",
-                if out.timed_out {
-                    "timed out".to_string()
-                } else {
-                    format!("exit {}", out.exit_code.map_or(-1, |c| c))
-                },
-                out.stdout.to_text(),
-                out.stderr.to_text()
-            );
-            return (setup_error(task, &progress, attempt, detail), true);
-        }
-        Err(e) => return (transport(&e, "running setup", progress), false),
     }
 
     // The episode.
     let tools = environment::default_tools();
     let config = EpisodeConfig {
         episode_id: new_episode_id(),
+        harness: run.harness.name().to_string(),
         system: environment::system_prompt(&ws, &tools),
         tools,
-        files: Map::new(),
+        files: run.harness.files(),
         max_turns: task.max_turns.unwrap_or(run.limits.max_turns),
         max_tool_actions: run.limits.max_tool_actions,
         max_output_tokens: run.limits.max_output_tokens,
         temperature: None,
         wall,
     };
-    let env = SandboxEnvironment::new(sandbox.clone(), ws.clone(), run.limits.bash_timeout);
+    let env: Box<dyn Environment> = match &run.world_model {
+        Some(model) => Box::new(WorldModelEnvironment::new(model.clone(), task)),
+        None => Box::new(SandboxEnvironment::new(
+            sandbox.clone(),
+            ws.clone(),
+            run.limits.bash_timeout,
+        )),
+    };
     let t_episode = Instant::now();
     let result = {
         let mut ep = Episode {
             task,
             config: &config,
             provider: run.provider.as_ref(),
-            environment: &env,
+            environment: env.as_ref(),
             cancel: &run.cancel,
             transcript,
         };
@@ -494,7 +501,10 @@ fn episode_in(
     // The verdict.
     let t_verify = Instant::now();
     let verify = match (&task.verify, outcome.stop_reason) {
-        (Some(cmd), stop) if !matches!(stop, StopReason::Cancelled | StopReason::Error) => {
+        (Some(cmd), stop)
+            if run.world_model.is_none()
+                && !matches!(stop, StopReason::Cancelled | StopReason::Error) =>
+        {
             match sandbox.run(
                 cmd,
                 &RunOpts {
@@ -517,6 +527,61 @@ fn episode_in(
     let verify_secs = t_verify.elapsed().as_secs_f64();
     let record = outcome_record(task, &outcome, verify, &progress, attempt, verify_secs);
     (Attempt::Done(Box::new(record)), healthy)
+}
+
+/// Writes the task's files and runs its setup. `Err` carries the attempt's end (and whether
+/// the sandbox may be reused).
+fn prepare_workspace(
+    task: &Task,
+    sandbox: &Arc<dyn crate::sandbox::Sandbox>,
+    ws: &str,
+    wall: Duration,
+    progress: &Progress,
+    attempt: u32,
+) -> Result<(), (Attempt, bool)> {
+    let transport = |e: &SandboxError, what: &str| Attempt::Transport {
+        reason: format!("{what}: {}", error_chain(e)),
+        partial: progress.clone(),
+    };
+    for (rel, content) in &task.files {
+        let path = match crate::sandbox::contained_path(ws, rel) {
+            Ok(p) => p,
+            Err(e) => return Err((setup_error(task, progress, attempt, error_chain(&e)), true)),
+        };
+        if let Err(e) = sandbox.write_file(&path, content.as_bytes()) {
+            return Err((transport(&e, "writing task files"), false));
+        }
+    }
+    let setup = format!(
+        "mkdir -p {ws} && cd {ws} && {}",
+        task.setup.as_deref().unwrap_or("true"),
+        ws = shell_quote(ws)
+    );
+    let setup_out = sandbox.run(
+        &setup,
+        &RunOpts {
+            timeout: wall,
+            max_output: SETUP_TAIL,
+            ..RunOpts::default()
+        },
+    );
+    match setup_out {
+        Ok(out) if out.exit_code == Some(0) => Ok(()),
+        Ok(out) => {
+            let detail = format!(
+                "setup failed ({}): {}{}",
+                if out.timed_out {
+                    "timed out".to_string()
+                } else {
+                    format!("exit {}", out.exit_code.map_or(-1, |c| c))
+                },
+                out.stdout.to_text(),
+                out.stderr.to_text()
+            );
+            Err((setup_error(task, progress, attempt, detail), true))
+        }
+        Err(e) => Err((transport(&e, "running setup"), false)),
+    }
 }
 
 fn setup_error(task: &Task, p: &Progress, attempt: u32, detail: String) -> Attempt {
