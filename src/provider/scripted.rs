@@ -154,6 +154,7 @@ mod tests {
             max_turns: None,
             metadata: Default::default(),
             model_script: script,
+            world_script: None,
         }
     }
 
