@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a tasks file (JSON Lines) in pooled sandboxes and write results as they finish.
-    Eval(commands::eval::EvalArgs),
+    Eval(Box<commands::eval::EvalArgs>),
     /// Kill sandboxes that dead runs left behind (never one a live run holds).
     Reap(commands::reap::ReapArgs),
     /// List or kill this tool's sandboxes.
@@ -34,7 +34,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Eval(args) => commands::eval::run(args),
+        Command::Eval(args) => commands::eval::run(*args),
         Command::Reap(args) => commands::reap::run(args),
         Command::Sandbox(cmd) => commands::sandbox::run(cmd),
     };
