@@ -9,6 +9,7 @@ pub mod emulator;
 pub mod environment;
 pub mod episode;
 pub mod eval;
+pub mod project;
 pub mod provider;
 pub mod reap;
 pub mod report;

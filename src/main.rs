@@ -26,6 +26,9 @@ enum Command {
     Eval(Box<commands::eval::EvalArgs>),
     /// Kill sandboxes that dead runs left behind (never one a live run holds).
     Reap(commands::reap::ReapArgs),
+    /// Persistent project sandboxes: create, put, get, exec, stage, snapshot, list, close.
+    #[command(subcommand)]
+    Project(commands::project::ProjectCommand),
     /// List or kill this tool's sandboxes.
     #[command(subcommand)]
     Sandbox(commands::sandbox::SandboxCommand),
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         Command::Eval(args) => commands::eval::run(*args),
         Command::Reap(args) => commands::reap::run(args),
         Command::Sandbox(cmd) => commands::sandbox::run(cmd),
+        Command::Project(cmd) => commands::project::run(cmd),
     };
     match result {
         Ok(code) => code.into(),

@@ -132,7 +132,7 @@ pub fn plan(
         if lease.state == LeaseState::Retired && found.is_empty() {
             continue;
         }
-        let Some(reason) = lease_reason(lease, started) else {
+        let Some(reason) = lease_reason(lease, started, state_dir) else {
             continue;
         };
         let owner = lease.owner.tag();
@@ -208,8 +208,13 @@ pub fn plan(
     })
 }
 
-/// Why a lease may be reaped, or `None` when its owner may still be using it.
-fn lease_reason(lease: &LeaseRecord, now: u64) -> Option<String> {
+/// Why a lease may be reaped, or `None` when its owner may still be using it. A project's
+/// sandbox belongs to the project, not to the command that created it: it is held for as long
+/// as the project names its lease.
+fn lease_reason(lease: &LeaseRecord, now: u64, state_dir: &Path) -> Option<String> {
+    if lease.kind == "project" && crate::project::lease_is_held(state_dir, &lease.lease) {
+        return (now > lease.deadline).then(|| "past its deadline".to_string());
+    }
     match lease.owner.liveness() {
         Liveness::Dead => Some(format!("owner pid {} is gone", lease.owner.pid)),
         _ if now > lease.deadline => Some("past its deadline".into()),
@@ -247,7 +252,7 @@ pub fn execute(
                 let Some(c) = plan.candidates.get(i) else {
                     break;
                 };
-                let outcome = reap_one(backend, ledger.as_ref(), plan.started, c);
+                let outcome = reap_one(backend, state_dir, ledger.as_ref(), plan.started, c);
                 outcomes
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -262,6 +267,7 @@ pub fn execute(
 
 fn reap_one(
     backend: &dyn Backend,
+    state_dir: &Path,
     ledger: Option<&Ledger>,
     started: u64,
     c: &Candidate,
@@ -278,7 +284,7 @@ fn reap_one(
     if let Some(path) = &c.lease_path {
         if let Ok(bytes) = std::fs::read(path) {
             if let Ok(now) = serde_json::from_slice::<LeaseRecord>(&bytes) {
-                if lease_reason(&now, unix_now()).is_none() {
+                if lease_reason(&now, unix_now(), state_dir).is_none() {
                     return outcome("skipped", Some("the lease's owner is alive".into()));
                 }
             }

@@ -1,6 +1,7 @@
 //! One module per subcommand: parse options, wire library components, print.
 
 pub mod eval;
+pub mod project;
 pub mod reap;
 pub mod sandbox;
 

@@ -1,0 +1,286 @@
+//! `wmo-e2b project ...`: persistent project sandboxes.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use wmo_e2b::project::{self, Notice, Project, ProjectError};
+use wmo_e2b::sandbox::leased::LeasedBackend;
+use wmo_e2b::sandbox::ledger::Ledger;
+use wmo_e2b::sandbox::Backend;
+use wmo_e2b::tree::TreeBounds;
+
+use super::{open_backend, BackendKind, Exit, UsageError};
+
+#[derive(Debug, Subcommand)]
+pub enum ProjectCommand {
+    /// Create a project and its sandbox.
+    Create {
+        name: String,
+        #[arg(long, value_enum, default_value = "local")]
+        backend: BackendKind,
+        #[arg(long)]
+        template: Option<String>,
+        /// Sandbox lifetime (a later command replaces an expired sandbox from the mirror).
+        #[arg(long, default_value = "6h", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+    },
+    /// List projects.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Kill the project's sandbox and forget the project.
+    Close {
+        name: String,
+        #[arg(long, value_enum, default_value = "local")]
+        backend: BackendKind,
+    },
+    /// Write a file into the project (from --from FILE, or stdin with `--from -`).
+    Put {
+        name: String,
+        path: String,
+        #[arg(long, default_value = "-")]
+        from: String,
+        #[arg(long, value_enum, default_value = "local")]
+        backend: BackendKind,
+    },
+    /// Print a file of the project (falls back to the host mirror if the sandbox cannot).
+    Get {
+        name: String,
+        path: String,
+        #[arg(long, value_enum, default_value = "local")]
+        backend: BackendKind,
+    },
+    /// Run a command with bash in the project workspace; exits with its exit code.
+    Exec {
+        name: String,
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        #[arg(long, value_enum, default_value = "local")]
+        backend: BackendKind,
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+    /// Write a local directory tree under DEST in the project, validated before any write.
+    Stage {
+        name: String,
+        #[arg(long, value_name = "DIR")]
+        from: PathBuf,
+        #[arg(long, value_name = "DEST")]
+        to: String,
+        #[arg(long, default_value_t = 1024)]
+        max_files: usize,
+        #[arg(long, default_value_t = 8 << 20)]
+        max_bytes: u64,
+        #[arg(long, value_enum, default_value = "local")]
+        backend: BackendKind,
+    },
+    /// Harvest a project directory as a bounded source tree.
+    Snapshot {
+        name: String,
+        /// Project directory to harvest ("." for the whole workspace).
+        dir: String,
+        /// Write the tree here (atomically; the directory must not exist yet).
+        #[arg(long, value_name = "LOCALDIR", conflicts_with = "json")]
+        out: Option<PathBuf>,
+        /// Print the files and the tree hash as JSON.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 1024)]
+        max_files: usize,
+        #[arg(long, default_value_t = 8 << 20)]
+        max_bytes: u64,
+        #[arg(long, value_enum, default_value = "local")]
+        backend: BackendKind,
+    },
+}
+
+fn leased(kind: BackendKind, name: &str) -> Result<Arc<dyn Backend>> {
+    let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &format!("project:{name}"))
+        .context("cannot open the lease ledger")?;
+    Ok(Arc::new(LeasedBackend::new(
+        open_backend(kind)?,
+        ledger,
+        "project",
+    )))
+}
+
+fn open(kind: BackendKind, name: &str) -> Result<Project> {
+    let mut p = Project::open(&wmo_e2b::state::state_dir(), name, leased(kind, name)?)
+        .map_err(user_facing)?;
+    for n in p.take_notices() {
+        match n {
+            Notice::Replaced { old, new, files } => eprintln!(
+                "note: project {name}'s sandbox {old} was gone; created {new} and replayed {files} mirrored file(s) (files written by commands inside the sandbox are lost)"
+            ),
+        }
+    }
+    Ok(p)
+}
+
+/// Bad paths, names and trees are the user's to fix (exit 2); the rest is infrastructure.
+fn user_facing(e: ProjectError) -> anyhow::Error {
+    match e {
+        ProjectError::BadName(_)
+        | ProjectError::Exists(_)
+        | ProjectError::NotFound(_)
+        | ProjectError::WrongBackend { .. }
+        | ProjectError::BadPath { .. }
+        | ProjectError::Missing { .. }
+        | ProjectError::Tree(_)
+        | ProjectError::Snapshot(_) => UsageError(wmo_e2b::episode::error_chain(&e)).into(),
+        other => anyhow::Error::new(other),
+    }
+}
+
+pub fn run(cmd: ProjectCommand) -> Result<Exit> {
+    let state = wmo_e2b::state::state_dir();
+    match cmd {
+        ProjectCommand::Create {
+            name,
+            backend,
+            template,
+            timeout,
+        } => {
+            let p = Project::create(&state, &name, leased(backend, &name)?, template, timeout)
+                .map_err(user_facing)?;
+            println!("created project {name} (sandbox {})", p.state().sandbox_id);
+        }
+        ProjectCommand::List { json } => {
+            let all = project::list(&state);
+            if json {
+                println!("{}", serde_json::to_string(&all)?);
+            } else if all.is_empty() {
+                println!("no projects");
+            } else {
+                println!(
+                    "{:<24}  {:<7}  {:<24}  replaced",
+                    "project", "backend", "sandbox"
+                );
+                for p in all {
+                    println!(
+                        "{:<24}  {:<7}  {:<24}  {}",
+                        p.name, p.backend, p.sandbox_id, p.replacements
+                    );
+                }
+            }
+        }
+        ProjectCommand::Close { name, backend } => {
+            let p = open(backend, &name)?;
+            let id = p.state().sandbox_id.clone();
+            p.close().map_err(user_facing)?;
+            println!("closed project {name} (sandbox {id} killed)");
+        }
+        ProjectCommand::Put {
+            name,
+            path,
+            from,
+            backend,
+        } => {
+            let content = if from == "-" {
+                let mut buf = Vec::new();
+                std::io::stdin()
+                    .read_to_end(&mut buf)
+                    .context("cannot read stdin")?;
+                buf
+            } else {
+                std::fs::read(&from).with_context(|| format!("cannot read {from}"))?
+            };
+            let mut p = open(backend, &name)?;
+            let rel = p.put(&path, &content).map_err(user_facing)?;
+            eprintln!("wrote {} bytes to {rel}", content.len());
+        }
+        ProjectCommand::Get {
+            name,
+            path,
+            backend,
+        } => {
+            let mut p = open(backend, &name)?;
+            let bytes = p.get(&path).map_err(user_facing)?;
+            std::io::stdout().write_all(&bytes)?;
+        }
+        ProjectCommand::Exec {
+            name,
+            timeout,
+            backend,
+            command,
+        } => {
+            let p = open(backend, &name)?;
+            let out = p.exec(&command.join(" "), timeout).map_err(user_facing)?;
+            print!("{}", out.output);
+            if out.timed_out {
+                eprintln!("[timed out after {}s]", timeout.as_secs());
+            }
+            // The command's own exit code is ours (a signal reads as 128 + 9, as in a shell).
+            let code = out.exit_code.unwrap_or(137);
+            std::io::stdout().flush()?;
+            std::process::exit(code);
+        }
+        ProjectCommand::Stage {
+            name,
+            from,
+            to,
+            max_files,
+            max_bytes,
+            backend,
+        } => {
+            let mut p = open(backend, &name)?;
+            let bounds = TreeBounds {
+                max_files,
+                max_bytes,
+                ..TreeBounds::default()
+            };
+            let n = p.stage(&from, &to, bounds).map_err(user_facing)?;
+            println!("staged {n} file(s) under {to}");
+        }
+        ProjectCommand::Snapshot {
+            name,
+            dir,
+            out,
+            json,
+            max_files,
+            max_bytes,
+            backend,
+        } => {
+            let p = open(backend, &name)?;
+            let bounds = TreeBounds {
+                max_files,
+                max_bytes,
+                ..TreeBounds::default()
+            };
+            let snap = p.snapshot(&dir, bounds).map_err(user_facing)?;
+            if json {
+                let files: Vec<serde_json::Value> = snap
+                    .files
+                    .iter()
+                    .map(|(path, content)| serde_json::json!({"path": path, "content": content}))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({"files": files, "tree_hash": snap.tree_hash(),
+                                       "total_bytes": snap.total_bytes()})
+                );
+            } else {
+                if let Some(out) = &out {
+                    snap.write_to(out).with_context(|| {
+                        format!("cannot write the snapshot to {}", out.display())
+                    })?;
+                }
+                for path in snap.files.keys() {
+                    println!("{path}");
+                }
+                eprintln!(
+                    "{} file(s), {} bytes, tree hash {}",
+                    snap.files.len(),
+                    snap.total_bytes(),
+                    snap.tree_hash()
+                );
+            }
+        }
+    }
+    Ok(Exit::Success)
+}

@@ -1,0 +1,345 @@
+//! `wmo-e2b project` on the local backend: lifecycle, contained paths, bounds, snapshot
+//! rejections, replacement from the mirror.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        let env = Env {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        let o = env.run(&["project", "create", "demo"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        env
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_wmo-e2b"));
+        c.args(args)
+            .env("WMO_E2B_HOME", self.path("state"))
+            .current_dir(self.dir.path());
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    fn put(&self, path: &str, content: &str) -> Output {
+        let mut child = self
+            .cmd(&["project", "put", "demo", path])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(content.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    fn exec(&self, command: &str) -> Output {
+        self.run(&["project", "exec", "demo", "--", command])
+    }
+
+    fn sandbox_id(&self) -> String {
+        let o = self.run(&["project", "list", "--json"]);
+        let v: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+        v[0]["sandbox_id"].as_str().unwrap().to_string()
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn put_get_exec_and_close() {
+    let env = Env::new();
+    assert_eq!(
+        env.put("src/main.rs", "fn main() {}\n").status.code(),
+        Some(0)
+    );
+    let o = env.run(&["project", "get", "demo", "src/main.rs"]);
+    assert_eq!(stdout(&o), "fn main() {}\n", "{}", text(&o));
+
+    let o = env.exec("cat src/main.rs; echo err >&2; exit 3");
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "the command's exit code is ours: {}",
+        text(&o)
+    );
+    assert!(stdout(&o).contains("fn main() {}") && stdout(&o).contains("err"));
+
+    let o = env.exec("head -c 100000 /dev/zero | tr '\\0' x");
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).contains("bytes truncated"), "no marker");
+    assert!(o.stdout.len() < 34 * 1024, "{} bytes", o.stdout.len());
+
+    let o = env.run(&[
+        "project",
+        "exec",
+        "demo",
+        "--timeout",
+        "1s",
+        "--",
+        "sleep 30",
+    ]);
+    assert_eq!(o.status.code(), Some(124), "{}", text(&o));
+
+    // The mirror answers when the sandbox cannot.
+    assert_eq!(env.exec("rm src/main.rs").status.code(), Some(0));
+    let o = env.run(&["project", "get", "demo", "src/main.rs"]);
+    assert_eq!(stdout(&o), "fn main() {}\n", "{}", text(&o));
+    let o = env.run(&["project", "get", "demo", "never/written"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+
+    let id = env.sandbox_id();
+    let o = env.run(&["project", "close", "demo"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["sandbox", "list", "--json"]);
+    assert!(!stdout(&o).contains(&id), "{}", text(&o));
+    let o = env.run(&["project", "get", "demo", "src/main.rs"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no project named demo"));
+}
+
+#[test]
+fn hostile_paths_are_rejected_by_name() {
+    let env = Env::new();
+    for bad in ["../escape", "/etc/passwd", "a/../../b", ""] {
+        let o = env.put(bad, "x");
+        assert_eq!(o.status.code(), Some(2), "put {bad:?}: {}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("relative project path"));
+        let o = env.run(&["project", "get", "demo", bad]);
+        assert_eq!(o.status.code(), Some(2), "get {bad:?}: {}", text(&o));
+        let o = env.run(&["project", "snapshot", "demo", bad]);
+        assert_eq!(o.status.code(), Some(2), "snapshot {bad:?}: {}", text(&o));
+    }
+    let tree = env.path("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    std::fs::write(tree.join("a.txt"), "a").unwrap();
+    let o = env.run(&[
+        "project",
+        "stage",
+        "demo",
+        "--from",
+        tree.to_str().unwrap(),
+        "--to",
+        "../up",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!env.path("state/up").exists());
+    let o = env.run(&["project", "create", "Bad/Name"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = env.run(&["project", "create", "demo"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already exists"));
+}
+
+#[test]
+fn stage_validates_everything_before_writing_anything() {
+    let env = Env::new();
+    let tree = env.path("tree");
+    std::fs::create_dir_all(tree.join("src")).unwrap();
+    for i in 0..5 {
+        std::fs::write(tree.join(format!("src/f{i}.rs")), format!("// {i}\n")).unwrap();
+    }
+    let from = tree.to_str().unwrap();
+    let o = env.run(&[
+        "project",
+        "stage",
+        "demo",
+        "--from",
+        from,
+        "--to",
+        "app",
+        "--max-files",
+        "4",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("more than 4 files"));
+    let o = env.run(&[
+        "project",
+        "stage",
+        "demo",
+        "--from",
+        from,
+        "--to",
+        "app",
+        "--max-bytes",
+        "10",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(
+        env.exec("test -e app").status.code(),
+        Some(1),
+        "something was written"
+    );
+
+    std::fs::write(tree.join("bad.bin"), [0xffu8, 0xfe]).unwrap();
+    let o = env.run(&["project", "stage", "demo", "--from", from, "--to", "app"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bad.bin"));
+    std::fs::remove_file(tree.join("bad.bin")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", tree.join("src/link")).unwrap();
+    let o = env.run(&["project", "stage", "demo", "--from", from, "--to", "app"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("src/link"));
+    std::fs::remove_file(tree.join("src/link")).unwrap();
+
+    let o = env.run(&["project", "stage", "demo", "--from", from, "--to", "app"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.exec("cat app/src/f3.rs");
+    assert_eq!(stdout(&o), "// 3\n");
+}
+
+#[test]
+fn snapshot_harvests_a_sorted_tree_and_rejects_what_is_not_a_plain_file() {
+    let env = Env::new();
+    assert_eq!(
+        env.exec("mkdir -p out/b out/a && echo one > out/b/1.txt && echo two > out/a/2.txt && echo 3 > out/z.txt")
+            .status
+            .code(),
+        Some(0)
+    );
+    let o = env.run(&["project", "snapshot", "demo", "out", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let snap: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let paths: Vec<&str> = snap["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["a/2.txt", "b/1.txt", "z.txt"]);
+    assert_eq!(snap["files"][0]["content"], "two\n");
+    let again: Value = serde_json::from_slice(
+        &env.run(&["project", "snapshot", "demo", "out", "--json"])
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(snap["tree_hash"], again["tree_hash"], "not deterministic");
+
+    let local = env.path("harvest");
+    let o = env.run(&[
+        "project",
+        "snapshot",
+        "demo",
+        "out",
+        "--out",
+        local.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(local.join("b/1.txt")).unwrap(),
+        "one\n"
+    );
+    let o = env.run(&[
+        "project",
+        "snapshot",
+        "demo",
+        "out",
+        "--out",
+        local.to_str().unwrap(),
+    ]);
+    assert_ne!(o.status.code(), Some(0), "overwrote an existing directory");
+
+    let rejections = [
+        ("ln -s /etc/passwd out/link", "out/link", "link (symlink)"),
+        ("mkfifo out/pipe", "out/pipe", "pipe (fifo)"),
+        (
+            "printf '\\377\\376' > out/bin.dat",
+            "out/bin.dat",
+            "bin.dat is not valid UTF-8",
+        ),
+        (
+            "d=$(printf 'x%.0s' $(seq 1 200)); mkdir -p out/deep/$d/$d && touch out/deep/$d/$d/$d",
+            "out/deep",
+            "longer than 512 bytes",
+        ),
+    ];
+    for (make, cleanup, needle) in rejections {
+        assert_eq!(env.exec(make).status.code(), Some(0), "{make}");
+        let o = env.run(&["project", "snapshot", "demo", "out"]);
+        assert_eq!(o.status.code(), Some(2), "{make}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(needle), "{make}: {err}");
+        assert_eq!(
+            env.exec(&format!("rm -rf {cleanup}")).status.code(),
+            Some(0)
+        );
+    }
+
+    assert_eq!(
+        env.exec("for i in 1 2 3 4 5; do echo $i > out/n$i; done")
+            .status
+            .code(),
+        Some(0)
+    );
+    let o = env.run(&["project", "snapshot", "demo", "out", "--max-files", "4"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("more than 4 files"));
+    let o = env.run(&["project", "snapshot", "demo", "out", "--max-bytes", "8"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("more than 8 bytes"));
+}
+
+#[test]
+fn a_lost_sandbox_is_replaced_and_the_mirror_replayed() {
+    let env = Env::new();
+    assert_eq!(env.put("notes/plan.md", "step 1\n").status.code(), Some(0));
+    // Files written inside the sandbox are not mirrored.
+    assert_eq!(
+        env.exec("echo scratch > scratch.txt").status.code(),
+        Some(0)
+    );
+    let old = env.sandbox_id();
+    // A reap never takes a live project's sandbox, though the command that made it is gone.
+    let o = env.run(&["reap", "--json"]);
+    assert!(!stdout(&o).contains(&old), "{}", text(&o));
+
+    let o = env.run(&["sandbox", "kill", &old]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.exec("cat notes/plan.md; test -e scratch.txt || echo no-scratch");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(stdout(&o), "step 1\nno-scratch\n");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("was gone") && err.contains("replayed 1"),
+        "{err}"
+    );
+    let new = env.sandbox_id();
+    assert_ne!(old, new);
+    let o = env.run(&["sandbox", "list", "--json"]);
+    let live: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0]["kind"], "project");
+    assert_eq!(live[0]["lease_state"], "active");
+}
