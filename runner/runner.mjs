@@ -9,6 +9,12 @@
 // check below must be able to run on old Node releases, and start-up has to
 // stay fast. `node:` builtins needed by the user-harness path are imported
 // lazily.
+//
+// Harnesses, chosen by episode_start.harness: "builtin" (or absent) runs the
+// loop below; files holding agent.mjs run a user harness; "pi" runs the real
+// pi agent loop from pi_harness.mjs (next to this file), enabled when
+// WMO_PI_MODULES names a node_modules directory holding the pi packages. pi is
+// imported at the first pi episode, never before hello.
 
 // ---------------------------------------------------------------------------
 // stdout hygiene: keep the real stdout writer for frames, send everything
@@ -68,6 +74,10 @@ var NUDGE_TAIL =
   "Continue the task: either call exactly one tool now, or call `submit` with your " +
   "final answer if the task is already complete. Do not reply with prose alone.";
 var REPLY_KIND = { llm_request: "llm_response", tool_request: "tool_response" };
+// The node_modules directory holding the pi packages, when the host enabled
+// the pi harness. Nothing of pi is loaded before the first pi episode.
+var PI_MODULES = typeof process.env.WMO_PI_MODULES === "string" && process.env.WMO_PI_MODULES !== "" ? process.env.WMO_PI_MODULES : null;
+var PI_MIN_NODE_MAJOR = 20;
 
 // ---------------------------------------------------------------------------
 // Process-wide state. Per-episode state lives on the episode object, which is
@@ -78,6 +88,8 @@ var pending = new Map(); // req_id -> {kind, episode, resolve, reject}
 var current = null; // the running episode, if any
 var startCwd = process.cwd();
 var lazyMods = null;
+var piUnavailable = null; // why the pi harness cannot run here, if it cannot
+var piLoading = null; // promise of the loaded pi_harness.mjs module
 
 // ---------------------------------------------------------------------------
 // Output
@@ -245,6 +257,7 @@ function onEpisodeStart(frame) {
     dir: null,
     keepalive: null,
     start: {
+      harness: typeof frame.harness === "string" ? frame.harness : null,
       taskId: frame.task_id,
       instruction: typeof frame.instruction === "string" ? frame.instruction : "",
       system: typeof frame.system === "string" ? frame.system : "",
@@ -273,7 +286,12 @@ async function driveEpisode(episode) {
   var start = episode.start;
   var userHarness = start.files !== null && Object.prototype.hasOwnProperty.call(start.files, "agent.mjs");
   try {
-    if (userHarness) await runUserHarness(episode);
+    if (start.harness === "pi") {
+      if (userHarness) throw new Error("episode_start names the pi harness but also carries agent.mjs");
+      await runPiHarness(episode);
+    } else if (start.harness !== null && start.harness !== "builtin" && start.harness !== "user") {
+      throw new Error("unknown harness " + JSON.stringify(start.harness) + " (this runner knows builtin, user" + (piUnavailable === null && PI_MODULES !== null ? ", pi" : "") + ")");
+    } else if (userHarness) await runUserHarness(episode);
     else await runBuiltinHarness(episode);
   } catch (e) {
     if (!episode.ended) {
@@ -479,6 +497,62 @@ async function runBuiltinHarness(episode) {
 }
 
 // ---------------------------------------------------------------------------
+// pi harness (pi_harness.mjs next to this file; the pi packages in WMO_PI_MODULES)
+
+// What pi_harness.mjs may use of the runner. One object for the process.
+var PI_KIT = {
+  request: request,
+  sendDone: sendDone,
+  nudgeFor: nudgeFor,
+  parseArguments: parseArguments,
+  messageText: messageText,
+  answerText: answerText,
+  diag: diag,
+  maxNonActionTurns: MAX_NONACTION_TURNS,
+};
+
+function loadPi() {
+  if (piLoading === null) {
+    piLoading = import(new URL("./pi_harness.mjs", import.meta.url).href).then(function (mod) {
+      return mod.load(PI_MODULES).then(function () {
+        return mod;
+      });
+    });
+    // a failed load is retried by the next pi episode
+    piLoading.catch(function () {
+      piLoading = null;
+    });
+  }
+  return piLoading;
+}
+
+async function runPiHarness(episode) {
+  if (PI_MODULES === null) {
+    throw new Error("the pi harness is not enabled in this runner (WMO_PI_MODULES is not set)");
+  }
+  if (piUnavailable !== null) throw new Error("the pi harness cannot run here: " + piUnavailable);
+  var mod = await loadPi();
+  await mod.runEpisode(episode, PI_KIT);
+}
+
+// Reads the installed pi version without importing pi. Returns
+// {version} or {error}.
+async function probePi() {
+  if (!(nodeMajor >= PI_MIN_NODE_MAJOR)) {
+    return { error: "pi needs Node.js >= " + PI_MIN_NODE_MAJOR + " (found " + process.version + ")" };
+  }
+  var file = PI_MODULES.replace(/\/+$/, "") + "/@mariozechner/pi-agent-core/package.json";
+  try {
+    var fs = await import("node:fs");
+    var pkg = JSON.parse(fs.readFileSync(file, "utf8"));
+    if (typeof pkg.version !== "string") return { error: file + " has no version" };
+    return { version: pkg.version };
+  } catch (e) {
+    return { error: "cannot read " + file + ": " + (e && e.code ? e.code : String(e && e.message ? e.message : e)) };
+  }
+}
+
+// ---------------------------------------------------------------------------
 // User harness (files["agent.mjs"] exporting runEpisode(ctx))
 
 async function loadLazyMods() {
@@ -660,12 +734,32 @@ if (!(nodeMajor >= 18)) {
   process.exit(3);
 }
 
-send({
-  type: "hello",
-  protocol: PROTOCOL,
-  runner_version: RUNNER_VERSION,
-  node_version: process.version,
-  harness: "builtin",
-  transport: "stdio",
-  max_concurrent: 1,
-});
+function hello(extra) {
+  var frame = {
+    type: "hello",
+    protocol: PROTOCOL,
+    runner_version: RUNNER_VERSION,
+    node_version: process.version,
+    harness: "builtin",
+    transport: "stdio",
+    max_concurrent: 1,
+  };
+  for (var k in extra) frame[k] = extra[k];
+  send(frame);
+}
+
+if (PI_MODULES === null) {
+  hello({});
+} else {
+  // pi enabled: say which version is installed (read from its package.json,
+  // not imported), or why it cannot run.
+  probePi().then(function (found) {
+    if (found.version !== undefined) {
+      hello({ harnesses: ["builtin", "pi"], pi_version: found.version });
+    } else {
+      piUnavailable = found.error;
+      diag("the pi harness is unavailable: " + found.error);
+      hello({ harnesses: ["builtin"], pi_error: found.error });
+    }
+  });
+}

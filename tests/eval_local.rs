@@ -909,3 +909,53 @@ fn a_world_model_answers_tool_calls_and_nothing_runs_in_the_sandbox() {
     assert_eq!(reply["content"], "3 4 (simulated)");
     assert_eq!(reply["is_error"], false);
 }
+
+/// Shares one pi install (the real npm packages) between tests: installed once under
+/// `target/pi-cache`, linked into each test's state dir.
+fn share_pi_install(env: &Env) {
+    let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pi-cache");
+    wmo_e2b::runner::pi::ensure_installed(&cache)
+        .expect("installing the pi packages (needs the npm registry once)");
+    std::fs::create_dir_all(env.home()).unwrap();
+    std::os::unix::fs::symlink(cache.join("npm"), env.home().join("npm")).unwrap();
+}
+
+#[test]
+fn the_pi_harness_runs_episodes_end_to_end() {
+    let env = Env::new();
+    share_pi_install(&env);
+    let bash =
+        r#"{"tool_calls": [{"name": "bash", "arguments": {"command": "echo 7 > out.txt"}}]}"#;
+    let tasks = env.write_tasks(&[
+        task(
+            "pi-submit",
+            &format!(
+                r#""verify": "test \"$(cat out.txt)\" = 7", "model_script": [{bash}, {SUBMIT}]"#
+            ),
+        ),
+        task(
+            "pi-turns",
+            &format!(r#""max_turns": 2, "model_script": [{bash}, {bash}, {bash}]"#),
+        ),
+        task(
+            "pi-provider",
+            r#""model_script": [{"error": "upstream exploded"}]"#,
+        ),
+    ]);
+    let o = env.eval(&tasks, &["--harness", "pi", "-j", "3"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let r = env.result("pi-submit");
+    assert_eq!(r["status"], "passed", "{r}");
+    assert_eq!(r["answer"], "ok");
+    assert_eq!(r["turns"], 2, "{r}");
+    let r = env.result("pi-turns");
+    assert_eq!(r["stop_reason"], "max_turns", "{r}");
+    let r = env.result("pi-provider");
+    assert_eq!(r["stop_reason"], "provider_error", "{r}");
+    let start = transcript_frames(&env, "pi-submit")
+        .into_iter()
+        .find(|f| f["type"] == "episode_start")
+        .unwrap();
+    assert_eq!(start["harness"], "pi");
+    assert!(env.live_sandboxes().is_empty());
+}

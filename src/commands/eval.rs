@@ -8,8 +8,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use wmo_e2b::cancel::CancelToken;
 use wmo_e2b::eval::{self, results, EvalLimits, EvalRun, EvalSummary, Harness};
-use wmo_e2b::provider::openai::{OpenAiConfig, OpenAiProvider};
-use wmo_e2b::provider::scripted::ScriptedProvider;
 use wmo_e2b::provider::Provider;
 use wmo_e2b::report::{self, ReportMode};
 use wmo_e2b::runner::BootstrapOpts;
@@ -79,9 +77,10 @@ pub struct EvalArgs {
     /// Per-request timeout of model API calls.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     request_timeout: Duration,
-    /// What runs in the runner: `builtin` (its own tool-calling loop), or a directory holding
-    /// `agent.mjs` that exports `runEpisode(ctx)` (sent with every episode).
-    #[arg(long, default_value = "builtin", value_name = "builtin|DIR")]
+    /// What runs in the runner: `builtin` (its own tool-calling loop), `pi` (the real pi
+    /// agent loop, its npm packages installed once into a cache under the state dir), or a
+    /// directory holding `agent.mjs` that exports `runEpisode(ctx)` (sent with every episode).
+    #[arg(long, default_value = "builtin", value_name = "builtin|pi|DIR")]
     harness: String,
     /// Where tool calls land: `sandbox` runs them in the episode's sandbox; `world-model`
     /// has a model simulate them (no sandbox command runs; files, setup and verify unused).
@@ -133,6 +132,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     };
     let harness = match args.harness.as_str() {
         "builtin" => Harness::Builtin,
+        "pi" => Harness::Pi,
         dir => {
             let files =
                 wmo_e2b::tree::read_harness(std::path::Path::new(dir), TreeBounds::default())
@@ -146,6 +146,14 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         }
     };
 
+    let pi_modules = match harness {
+        Harness::Pi => Some(
+            wmo_e2b::runner::pi::ensure_installed(&wmo_e2b::state::state_dir())
+                .context("cannot install the pi agent packages")?
+                .modules_dir,
+        ),
+        _ => None,
+    };
     let run_id = out_dir
         .file_name()
         .map_or_else(|| "eval".to_string(), |n| n.to_string_lossy().into_owned());
@@ -176,6 +184,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             lifetime: pool::lifetime_for(max_episode),
             bootstrap: BootstrapOpts {
                 hello_timeout: args.hello_timeout,
+                pi_modules,
                 ..BootstrapOpts::default()
             },
             workspace_dir: "workspace".into(),
@@ -240,19 +249,12 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
 }
 
 fn make_provider(args: &EvalArgs, model: &str) -> Result<Arc<dyn Provider>> {
-    if model == "scripted" {
-        return Ok(Arc::new(ScriptedProvider::new()));
-    }
-    let config = OpenAiConfig {
-        base_url: args.base_url.clone(),
-        model: model.to_string(),
-        api_key_env: args.api_key_env.clone(),
-        timeout: args.request_timeout,
-        ..OpenAiConfig::default()
-    };
-    Ok(Arc::new(
-        OpenAiProvider::new(config).map_err(|e| UsageError(e.to_string()))?,
-    ))
+    super::make_provider(
+        model,
+        &args.base_url,
+        &args.api_key_env,
+        args.request_timeout,
+    )
 }
 
 fn exit_for(summary: &EvalSummary, interrupted: bool) -> Exit {

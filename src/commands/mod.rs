@@ -1,5 +1,6 @@
 //! One module per subcommand: parse options, wire library components, print.
 
+pub mod emulator;
 pub mod eval;
 pub mod project;
 pub mod reap;
@@ -40,6 +41,31 @@ pub fn open_backend(
             Ok(backend)
         }
     }
+}
+
+/// A model provider: `scripted`, or a model name on an OpenAI-compatible API.
+pub fn make_provider(
+    model: &str,
+    base_url: &str,
+    api_key_env: &str,
+    timeout: std::time::Duration,
+) -> anyhow::Result<std::sync::Arc<dyn wmo_e2b::provider::Provider>> {
+    use wmo_e2b::provider::openai::{OpenAiConfig, OpenAiProvider};
+    if model == "scripted" {
+        return Ok(std::sync::Arc::new(
+            wmo_e2b::provider::scripted::ScriptedProvider::new(),
+        ));
+    }
+    let config = OpenAiConfig {
+        base_url: base_url.to_string(),
+        model: model.to_string(),
+        api_key_env: api_key_env.to_string(),
+        timeout,
+        ..OpenAiConfig::default()
+    };
+    Ok(std::sync::Arc::new(
+        OpenAiProvider::new(config).map_err(|e| UsageError(e.to_string()))?,
+    ))
 }
 
 /// An error whose exit code is usage (2): bad options or input files.

@@ -137,6 +137,24 @@ fn estimate_tokens(bytes: usize) -> u64 {
     (bytes as u64).div_ceil(4)
 }
 
+/// A scripted model whose steps come from one list rather than from each task (for
+/// `project run --script`).
+#[derive(Debug, Clone)]
+pub struct FixedScript(pub Vec<ScriptStep>);
+
+impl Provider for FixedScript {
+    fn complete(&self, call: &ModelCall<'_>) -> Result<Completion, ProviderError> {
+        let mut task = call.task.clone();
+        task.model_script = Some(self.0.clone());
+        ScriptedProvider::new().complete(&ModelCall {
+            task: &task,
+            index: call.index,
+            body: call.body,
+            cancel: call.cancel,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

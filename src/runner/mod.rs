@@ -1,6 +1,9 @@
 //! The runner: its embedded JS source, and the bootstrap that starts it in a sandbox and
 //! waits for its `hello`.
 
+pub mod pi;
+
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +62,8 @@ pub enum RunnerError {
     },
     #[error("the runner speaks protocol {found}, this host speaks {PROTOCOL}: upgrade whichever is older")]
     Protocol { found: String },
+    #[error("the pi harness cannot run in sandbox {id}: {reason}")]
+    PiUnavailable { id: String, reason: String },
 }
 
 impl RunnerError {
@@ -77,7 +82,8 @@ impl RunnerError {
             ),
             RunnerError::NodeMissing { .. }
             | RunnerError::NodeTooOld { .. }
-            | RunnerError::Protocol { .. } => false,
+            | RunnerError::Protocol { .. }
+            | RunnerError::PiUnavailable { .. } => false,
         }
     }
 }
@@ -90,6 +96,10 @@ pub struct BootstrapOpts {
     pub renewal: Option<LeaseRenewal>,
     /// Extra environment for the runner process.
     pub envs: Vec<(String, String)>,
+    /// The `node_modules` directory holding pi ([`pi::PiInstall::modules_dir`]), as the
+    /// sandbox sees it. When set, the bootstrap uploads [`pi::PI_HARNESS_JS`] next to the
+    /// runner and passes the directory as `WMO_PI_MODULES`, enabling `"harness": "pi"`.
+    pub pi_modules: Option<PathBuf>,
 }
 
 impl Default for BootstrapOpts {
@@ -98,6 +108,7 @@ impl Default for BootstrapOpts {
             hello_timeout: DEFAULT_HELLO_TIMEOUT,
             renewal: None,
             envs: Vec::new(),
+            pi_modules: None,
         }
     }
 }
@@ -124,6 +135,20 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
             id: id.clone(),
             source,
         })?;
+    let mut envs = opts.envs.clone();
+    if let Some(modules) = &opts.pi_modules {
+        let harness = format!("{dir}/{}", pi::PI_HARNESS_FILE);
+        sandbox
+            .write_file(&harness, pi::PI_HARNESS_JS.as_bytes())
+            .map_err(|source| RunnerError::Upload {
+                id: id.clone(),
+                source,
+            })?;
+        envs.push((
+            pi::PI_MODULES_ENV.to_string(),
+            modules.to_string_lossy().into_owned(),
+        ));
+    }
     // `exec` so the runner is the process the sandbox reports, and its exit code is ours.
     let command = format!("cd {} && exec node runner.mjs", shell_quote(&dir));
     let process = sandbox
@@ -131,7 +156,7 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
             &command,
             &SpawnOpts {
                 cwd: Some(dir.clone()),
-                envs: opts.envs.clone(),
+                envs,
                 stdin: true,
             },
         )
@@ -162,6 +187,17 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
             found: hello
                 .get("protocol")
                 .map_or_else(|| "none".to_string(), |v| v.to_string()),
+        });
+    }
+    if opts.pi_modules.is_some() && hello.get("pi_version").is_none() {
+        let _ = sandbox.kill_process(pid);
+        return Err(RunnerError::PiUnavailable {
+            id,
+            reason: hello
+                .get("pi_error")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("its hello reports no pi_version")
+                .to_string(),
         });
     }
     Ok(Started { channel, hello })
