@@ -343,3 +343,118 @@ fn a_lost_sandbox_is_replaced_and_the_mirror_replayed() {
     assert_eq!(live[0]["kind"], "project");
     assert_eq!(live[0]["lease_state"], "active");
 }
+
+fn script(env: &Env, steps: Value) -> String {
+    let p = env.path(&format!("script-{}.json", rand_suffix()));
+    std::fs::write(&p, steps.to_string()).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+fn call(name: &str, args: Value) -> Value {
+    serde_json::json!({"tool_calls": [{"name": name, "arguments": args}]})
+}
+
+fn events(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn an_agent_turn_writes_through_the_mirror_within_its_grant() {
+    let env = Env::new();
+    let steps = serde_json::json!([
+        call(
+            "write_file",
+            serde_json::json!({"path": "notes/plan.md", "content": "step 1\n"})
+        ),
+        call(
+            "write_file",
+            serde_json::json!({"path": "other.md", "content": "nope"})
+        ),
+        call(
+            "write_file",
+            serde_json::json!({"path": "../escape.md", "content": "nope"})
+        ),
+        call("bash", serde_json::json!({"command": "echo hi"})),
+        call("read_file", serde_json::json!({"path": "notes/plan.md"})),
+        call("submit", serde_json::json!({"answer": "planned"})),
+    ]);
+    let log = env.path("events.jsonl");
+    let o = env.run(&[
+        "project",
+        "run",
+        "demo",
+        "--instruction",
+        "make a plan",
+        "--script",
+        &script(&env, steps),
+        "--writable",
+        "notes/plan.md",
+        "--events",
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(stdout(&o), "planned\n");
+    let ev = events(&log);
+    let results: Vec<&Value> = ev.iter().filter(|e| e["kind"] == "tool_result").collect();
+    assert_eq!(results.len(), 5, "{ev:?}");
+    assert_eq!(results[0]["payload"]["is_error"], false);
+    assert!(results[1]["payload"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("not writable"));
+    assert!(results[2]["payload"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("'..'"));
+    assert!(results[3]["payload"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("not available"));
+    assert_eq!(results[4]["payload"]["content"], "step 1\n");
+    // The granted write went through the mirror; the denied ones touched nothing.
+    let o = env.run(&["project", "get", "demo", "notes/plan.md"]);
+    assert_eq!(stdout(&o), "step 1\n");
+    let o = env.run(&["project", "get", "demo", "other.md"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!env.path("state/projects/demo/mirror/other.md").exists());
+}
+
+#[test]
+fn bash_in_a_turn_runs_without_network() {
+    let env = Env::new();
+    let steps = serde_json::json!([
+        call(
+            "bash",
+            serde_json::json!({"command": "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '"})
+        ),
+        call("submit", serde_json::json!({"answer": "ok"})),
+    ]);
+    let log = env.path("events.jsonl");
+    let o = env.run(&[
+        "project",
+        "run",
+        "demo",
+        "--instruction",
+        "look",
+        "--script",
+        &script(&env, steps),
+        "--allow-bash",
+        "--events",
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let ev = events(&log);
+    let r = ev.iter().find(|e| e["kind"] == "tool_result").unwrap();
+    assert_eq!(r["payload"]["content"], "lo\n", "{r}");
+}

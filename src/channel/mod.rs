@@ -1,6 +1,8 @@
 //! Frames and the channels that carry them between the host and a runner.
 
+pub mod durable;
 pub mod frame;
+mod lines;
 pub mod renewal;
 pub mod stdio;
 

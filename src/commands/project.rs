@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
+use wmo_e2b::project::session::{self, TurnOptions};
 use wmo_e2b::project::{self, Notice, Project, ProjectError};
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
@@ -76,6 +77,39 @@ pub enum ProjectCommand {
         max_files: usize,
         #[arg(long, default_value_t = 8 << 20)]
         max_bytes: u64,
+        #[arg(long, value_enum, default_value = "local")]
+        backend: BackendKind,
+    },
+    /// Run one agent turn in the project (tools answered on the host; network locked).
+    Run {
+        name: String,
+        #[arg(long)]
+        instruction: String,
+        /// `scripted` answers with --script FILE's steps; anything else is a model name on
+        /// an OpenAI-compatible API.
+        #[arg(long, default_value = "scripted")]
+        model: String,
+        /// For `--model scripted`: a JSON array of model_script steps.
+        #[arg(long, value_name = "FILE")]
+        script: Option<PathBuf>,
+        #[arg(long, default_value = "https://api.openai.com/v1")]
+        base_url: String,
+        #[arg(long, default_value = "OPENAI_API_KEY")]
+        api_key_env: String,
+        /// Offer the agent a bash tool (its writes bypass the mirror, so a lost sandbox
+        /// fails the turn instead of replaying it).
+        #[arg(long)]
+        allow_bash: bool,
+        /// Project paths the agent may write (repeatable); without it every path is writable.
+        #[arg(long, value_name = "PATH")]
+        writable: Vec<String>,
+        #[arg(long, default_value = "6h", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        /// Where to append the turn's events (JSON Lines).
+        #[arg(long, value_name = "FILE")]
+        events: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
         #[arg(long, value_enum, default_value = "local")]
         backend: BackendKind,
     },
@@ -236,6 +270,82 @@ pub fn run(cmd: ProjectCommand) -> Result<Exit> {
             };
             let n = p.stage(&from, &to, bounds).map_err(user_facing)?;
             println!("staged {n} file(s) under {to}");
+        }
+        ProjectCommand::Run {
+            name,
+            instruction,
+            model,
+            script,
+            base_url,
+            api_key_env,
+            allow_bash,
+            writable,
+            timeout,
+            events,
+            json,
+            backend,
+        } => {
+            let provider: Arc<dyn wmo_e2b::provider::Provider> = match (&script, model.as_str()) {
+                (Some(path), "scripted") => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("cannot read {}", path.display()))?;
+                    let steps: Vec<wmo_e2b::task::ScriptStep> = serde_json::from_str(&text)
+                        .map_err(|e| UsageError(format!("{}: {e}", path.display())))?;
+                    Arc::new(wmo_e2b::provider::scripted::FixedScript(steps))
+                }
+                _ => {
+                    super::make_provider(&model, &base_url, &api_key_env, Duration::from_secs(120))?
+                }
+            };
+            let writable = if writable.is_empty() {
+                None
+            } else {
+                Some(
+                    writable
+                        .iter()
+                        .map(|p| project::project_path(p))
+                        .collect::<Result<_, _>>()
+                        .map_err(user_facing)?,
+                )
+            };
+            let mut p = open(backend, &name)?;
+            let events_path = events.unwrap_or_else(|| {
+                project::projects_dir(&state).join(&name).join(format!(
+                    "events-{}.jsonl",
+                    wmo_e2b::sandbox::ledger::unix_now()
+                ))
+            });
+            let mut log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&events_path)
+                .with_context(|| format!("cannot open {}", events_path.display()))?;
+            let opts = TurnOptions {
+                instruction,
+                allow_bash,
+                writable,
+                timeout,
+                ..TurnOptions::default()
+            };
+            let cancel = wmo_e2b::cancel::CancelToken::new();
+            let result = session::run_turn(&mut p, provider.as_ref(), &opts, &cancel, &mut log);
+            for n in p.take_notices() {
+                let Notice::Replaced { old, new, files } = n;
+                eprintln!("note: the turn moved from sandbox {old} to {new} ({files} mirrored file(s) replayed)");
+            }
+            let r = result.context("the project turn failed")?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"result": r, "events": events_path})
+                );
+            } else {
+                match &r.answer {
+                    Some(a) => println!("{a}"),
+                    None => eprintln!("the agent ended without submitting ({})", r.reason),
+                }
+                eprintln!("events: {}", events_path.display());
+            }
         }
         ProjectCommand::Snapshot {
             name,

@@ -5,6 +5,7 @@
 //! `mirror/` (one file per mirrored project path). Paths given by users are project-relative
 //! and contained.
 
+pub mod session;
 pub mod snapshot;
 
 use std::collections::BTreeMap;
@@ -323,6 +324,20 @@ impl Project {
             new: self.sandbox.id().to_string(),
             files,
         });
+        Ok(())
+    }
+
+    /// Moves the project to a fresh sandbox: the mirror is replayed into it, then the old
+    /// one is killed (its lease retired).
+    pub fn replace(&mut self) -> Result<(), ProjectError> {
+        let fresh = create_sandbox(
+            self.backend.as_ref(),
+            self.state.template.as_deref(),
+            Duration::from_secs(self.state.timeout_secs),
+        )?;
+        let old = std::mem::replace(&mut self.sandbox, fresh);
+        self.adopt_replacement()?;
+        let _ = self.backend.kill(old.id());
         Ok(())
     }
 
