@@ -18,7 +18,7 @@ use wmo_e2b::sandbox::{Backend, CreateSpec, Metadata};
 use wmo_e2b::task;
 use wmo_e2b::tree::TreeBounds;
 
-use super::{open_backend, BackendKind, Exit, UsageError};
+use super::{open_backend_with, BackendKind, Exit, UsageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EnvKind {
@@ -34,6 +34,15 @@ pub struct EvalArgs {
     /// Where sandboxes run.
     #[arg(long, value_enum, default_value = "local")]
     backend: BackendKind,
+    /// Sandbox template (e2b; defaults to E2B's `base`, which has Node 20).
+    #[arg(long)]
+    template: Option<String>,
+    /// Sandbox creates per second at most (e2b).
+    #[arg(long, default_value_t = 4.0)]
+    create_rate: f64,
+    /// Live sandboxes at once at most (e2b: match your plan, e.g. 20 or 100).
+    #[arg(long, default_value_t = 20)]
+    max_sandboxes: usize,
     /// `scripted` replays each task's model_script; anything else is a model name sent to an
     /// OpenAI-compatible chat-completions API.
     #[arg(long, default_value = "scripted")]
@@ -161,7 +170,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         .context("cannot open the lease ledger")?;
     // Every sandbox of the run is leased before it is created.
     let backend: Arc<dyn Backend> = Arc::new(LeasedBackend::new(
-        open_backend(args.backend)?,
+        open_backend_with(args.backend, e2b_options(&args))?,
         ledger,
         "eval",
     ));
@@ -174,7 +183,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         backend,
         PoolConfig {
             spec: CreateSpec {
-                template: None,
+                template: args.template.clone(),
                 timeout_secs: 0,
                 metadata: Metadata::new(),
                 envs: Vec::new(),
@@ -246,6 +255,18 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         &summary,
         interrupted.load(std::sync::atomic::Ordering::SeqCst),
     ))
+}
+
+fn e2b_options(args: &EvalArgs) -> wmo_e2b::sandbox::e2b::E2bOptions {
+    let mut o = wmo_e2b::sandbox::e2b::E2bOptions {
+        create_rate: args.create_rate,
+        max_sandboxes: args.max_sandboxes,
+        ..Default::default()
+    };
+    if let Some(t) = &args.template {
+        o.template = t.clone();
+    }
+    o
 }
 
 fn make_provider(args: &EvalArgs, model: &str) -> Result<Arc<dyn Provider>> {

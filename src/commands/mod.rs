@@ -27,17 +27,33 @@ impl From<Exit> for std::process::ExitCode {
 pub enum BackendKind {
     /// Process sandboxes on this machine (no account needed).
     Local,
+    /// E2B cloud microVMs (E2B_API_KEY; E2B_API_URL and E2B_SANDBOX_URL point it elsewhere,
+    /// e.g. at `wmo-e2b emulator`).
+    E2b,
 }
 
-/// Opens a backend by kind.
+/// Opens a backend by kind, with default E2B options.
 pub fn open_backend(
     kind: BackendKind,
+) -> anyhow::Result<std::sync::Arc<dyn wmo_e2b::sandbox::Backend>> {
+    open_backend_with(kind, wmo_e2b::sandbox::e2b::E2bOptions::default())
+}
+
+/// Opens a backend by kind; `e2b` options apply to the E2B backend only.
+pub fn open_backend_with(
+    kind: BackendKind,
+    e2b: wmo_e2b::sandbox::e2b::E2bOptions,
 ) -> anyhow::Result<std::sync::Arc<dyn wmo_e2b::sandbox::Backend>> {
     use anyhow::Context;
     match kind {
         BackendKind::Local => {
             let backend = wmo_e2b::sandbox::local::LocalBackend::open(&wmo_e2b::state::state_dir())
                 .context("cannot open the local sandbox backend")?;
+            Ok(backend)
+        }
+        BackendKind::E2b => {
+            let backend = wmo_e2b::sandbox::e2b::E2bBackend::from_env(e2b)
+                .map_err(|e| UsageError(format!("cannot use the e2b backend: {e}")))?;
             Ok(backend)
         }
     }

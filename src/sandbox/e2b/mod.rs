@@ -1,1 +1,37 @@
-//! The E2B backend (being written).
+//! The E2B backend: sandboxes are E2B microVMs, driven over E2B's control-plane REST API and
+//! each sandbox's envd (Connect protocol with the JSON codec, plus `/files`). Blocking, on
+//! one shared `ureq` agent; process streams are read by one thread each.
+//!
+//! Layout:
+//!
+//! ```text
+//! config.rs    endpoints and key from E2B_API_KEY / E2B_DOMAIN / E2B_API_URL / E2B_SANDBOX_URL
+//! api.rs       control plane: create (v2, v1 fallback), connect, info, list, kill, timeout, network
+//! envd.rs      envd: unary and streaming Connect calls, /files, /health
+//! envelope.rs  the Connect streaming envelope codec
+//! process.rs   process streams to ProcessEvents (reader threads) and foreground collection
+//! error.rs     classification of statuses, Connect codes and failed exchanges
+//! gate.rs      the create-rate gate and the live-sandbox cap
+//! retry.rs     the retry schedule
+//! backend.rs   E2bBackend (Backend)
+//! sandbox.rs   E2bSandbox (Sandbox)
+//! ```
+//!
+//! `shared/docs/e2b-wire.md` describes the wire protocol this follows.
+
+mod api;
+mod backend;
+pub mod config;
+mod envd;
+pub mod envelope;
+pub mod error;
+pub mod gate;
+mod process;
+pub mod retry;
+mod sandbox;
+
+pub use api::SandboxDetail;
+pub use backend::{E2bBackend, E2bCounters, E2bOptions};
+pub use config::{ConfigError, E2bConfig};
+pub use gate::{Clock, CreateRejected, SystemClock};
+pub use sandbox::{E2bSandbox, HOME};

@@ -1,0 +1,534 @@
+//! The control-plane client: create, connect, info, list, kill, timeout and network, over
+//! REST with `X-API-Key`. Every status is classified in `error::api_class`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use ureq::http::Response;
+use ureq::{Agent, Body};
+
+use super::config::E2bConfig;
+use super::error::{api_call_failure, api_failure, call_failure, ApiOp, ApiStatus, Limits};
+use crate::sandbox::{ErrorClass, Killed, Metadata, Result, SandboxError, SandboxSummary};
+
+/// Largest control-plane answer we read; a page of 100 sandboxes is far smaller.
+const MAX_BODY: u64 = 8 << 20;
+/// Largest error body kept for the message.
+const MAX_ERROR_BODY: u64 = 64 << 10;
+/// Pages a list may take before we assume the server is looping.
+const MAX_PAGES: usize = 1000;
+/// The page size of a list.
+const PAGE_LIMIT: &str = "100";
+
+/// What a create asks for.
+#[derive(Debug, Clone)]
+pub struct NewSandbox {
+    pub template: String,
+    pub timeout_secs: u64,
+    pub metadata: Metadata,
+    pub env_vars: BTreeMap<String, String>,
+    pub internet: bool,
+}
+
+/// The parts of a create/connect answer a sandbox handle needs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SandboxAccess {
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "templateID")]
+    pub template_id: Option<String>,
+    #[serde(rename = "envdAccessToken")]
+    pub envd_access_token: Option<String>,
+    /// The base domain of the sandbox's host, when it differs from ours.
+    pub domain: Option<String>,
+    #[serde(rename = "envdVersion")]
+    pub envd_version: Option<String>,
+}
+
+/// A sandbox as `GET /sandboxes/{id}` describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxDetail {
+    pub id: String,
+    pub template_id: Option<String>,
+    pub alias: Option<String>,
+    pub metadata: Metadata,
+    /// Unix seconds; 0 when the answer had no parsable time.
+    pub started: u64,
+    /// Unix seconds; 0 when the answer had no parsable time.
+    pub end: u64,
+    /// `running` or `paused`.
+    pub state: String,
+    pub envd_version: Option<String>,
+}
+
+/// One entry of a list or info answer; every field but the id is optional to us.
+#[derive(Debug, Deserialize)]
+struct Listed {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+    alias: Option<String>,
+    metadata: Option<Metadata>,
+    #[serde(rename = "startedAt")]
+    started_at: Option<String>,
+    #[serde(rename = "endAt")]
+    end_at: Option<String>,
+    state: Option<String>,
+    #[serde(rename = "envdVersion")]
+    envd_version: Option<String>,
+}
+
+impl Listed {
+    fn into_summary(self) -> SandboxSummary {
+        SandboxSummary {
+            id: self.sandbox_id,
+            // The alias is the name a create asked for ("base"); the id is internal.
+            template: self.alias.or(self.template_id),
+            metadata: self.metadata.unwrap_or_default(),
+            created: self.started_at.as_deref().and_then(unix_secs).unwrap_or(0),
+            deadline: self.end_at.as_deref().and_then(unix_secs).unwrap_or(0),
+        }
+    }
+
+    fn into_detail(self) -> SandboxDetail {
+        SandboxDetail {
+            id: self.sandbox_id,
+            template_id: self.template_id,
+            alias: self.alias,
+            metadata: self.metadata.unwrap_or_default(),
+            started: self.started_at.as_deref().and_then(unix_secs).unwrap_or(0),
+            end: self.end_at.as_deref().and_then(unix_secs).unwrap_or(0),
+            state: self.state.unwrap_or_default(),
+            envd_version: self.envd_version,
+        }
+    }
+}
+
+/// The control plane of one E2B account.
+pub struct Api {
+    agent: Agent,
+    config: Arc<E2bConfig>,
+    limits: Limits,
+    /// Set once `/v2/sandboxes` answered 404 and `/sandboxes` worked: this server has no v2.
+    v1_create: AtomicBool,
+    v1_connect: AtomicBool,
+}
+
+impl Api {
+    pub fn new(agent: Agent, config: Arc<E2bConfig>, limits: Limits) -> Api {
+        Api {
+            agent,
+            config,
+            limits,
+            v1_create: AtomicBool::new(false),
+            v1_connect: AtomicBool::new(false),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.config.api_base)
+    }
+
+    /// Runs one exchange; a failure to get any answer is classified here.
+    fn send(
+        &self,
+        op: ApiOp,
+        id: Option<&str>,
+        call: impl FnOnce(&Agent, &str) -> std::result::Result<Response<Body>, ureq::Error>,
+    ) -> Result<Response<Body>> {
+        call(&self.agent, &self.config.api_key)
+            .map_err(|e| api_call_failure(op, id, call_failure(e, &self.limits)))
+    }
+
+    /// Reads a success body as JSON.
+    fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        op: ApiOp,
+        id: Option<&str>,
+        mut resp: Response<Body>,
+    ) -> Result<T> {
+        let bytes = resp
+            .body_mut()
+            .with_config()
+            .limit(MAX_BODY)
+            .read_to_vec()
+            .map_err(|e| api_call_failure(op, id, call_failure(e, &self.limits)))?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            let target = id.map(|id| format!(" {id}")).unwrap_or_default();
+            SandboxError::Remote {
+                class: ErrorClass::Transport,
+                message: format!(
+                    "{}{target}: the answer is not the expected JSON",
+                    op.describe()
+                ),
+                source: Some(Box::new(e)),
+            }
+        })
+    }
+
+    /// Creates a sandbox: `POST /v2/sandboxes`, or `POST /sandboxes` on servers without v2.
+    pub fn create(&self, new: &NewSandbox) -> Result<SandboxAccess> {
+        let op = ApiOp::Create;
+        let mut body = json!({
+            "templateID": new.template,
+            "timeout": new.timeout_secs,
+            "metadata": new.metadata,
+            "envVars": new.env_vars,
+            "allow_internet_access": new.internet,
+        });
+        if !self.v1_create.load(Ordering::Relaxed) {
+            let resp = self.send(op, None, |a, key| {
+                a.post(self.url("/v2/sandboxes"))
+                    .header("X-API-Key", key)
+                    .send_json(&body)
+            })?;
+            if resp.status().as_u16() != 404 {
+                return self.created(op, None, resp);
+            }
+        }
+        // v1 still needs `secure` to get an envd access token; v2 is always secure.
+        body["secure"] = Value::Bool(true);
+        let resp = self.send(op, None, |a, key| {
+            a.post(self.url("/sandboxes"))
+                .header("X-API-Key", key)
+                .send_json(&body)
+        })?;
+        let access = self.created(op, None, resp)?;
+        self.v1_create.store(true, Ordering::Relaxed);
+        Ok(access)
+    }
+
+    /// Connects to (resuming if paused) a sandbox; its TTL becomes at least `timeout_secs`.
+    pub fn connect(&self, id: &str, timeout_secs: u64) -> Result<SandboxAccess> {
+        let op = ApiOp::Connect;
+        let body = json!({ "timeout": timeout_secs });
+        if !self.v1_connect.load(Ordering::Relaxed) {
+            let resp = self.send(op, Some(id), |a, key| {
+                a.post(self.url(&format!("/v2/sandboxes/{id}/connect")))
+                    .header("X-API-Key", key)
+                    .send_json(&body)
+            })?;
+            if resp.status().as_u16() != 404 {
+                return self.created(op, Some(id), resp);
+            }
+        }
+        let resp = self.send(op, Some(id), |a, key| {
+            a.post(self.url(&format!("/sandboxes/{id}/connect")))
+                .header("X-API-Key", key)
+                .send_json(&body)
+        })?;
+        let access = self.created(op, Some(id), resp)?;
+        self.v1_connect.store(true, Ordering::Relaxed);
+        Ok(access)
+    }
+
+    /// A create or connect answer: 201 (created or resumed) or 200 (already running).
+    fn created(&self, op: ApiOp, id: Option<&str>, resp: Response<Body>) -> Result<SandboxAccess> {
+        let resp = expect(op, id, resp, &[200, 201])?;
+        let access: SandboxAccess = self.json(op, id, resp)?;
+        if !is_sandbox_id(&access.sandbox_id) {
+            return Err(SandboxError::Remote {
+                class: ErrorClass::Transport,
+                message: format!(
+                    "{}: the answer's sandboxID {:?} is not a sandbox id",
+                    op.describe(),
+                    access.sandbox_id
+                ),
+                source: None,
+            });
+        }
+        Ok(access)
+    }
+
+    pub fn info(&self, id: &str) -> Result<SandboxDetail> {
+        let op = ApiOp::Info;
+        let resp = self.send(op, Some(id), |a, key| {
+            a.get(self.url(&format!("/sandboxes/{id}")))
+                .header("X-API-Key", key)
+                .call()
+        })?;
+        let resp = expect(op, Some(id), resp, &[200])?;
+        let listed: Listed = self.json(op, Some(id), resp)?;
+        Ok(listed.into_detail())
+    }
+
+    /// Running sandboxes whose metadata holds every pair of `filter`, across all pages.
+    pub fn list(&self, filter: &Metadata) -> Result<Vec<SandboxSummary>> {
+        let op = ApiOp::List;
+        let metadata = metadata_query(filter);
+        let mut token: Option<String> = None;
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for _ in 0..MAX_PAGES {
+            let resp = self.send(op, None, |a, key| {
+                let mut req = a.get(self.url("/v2/sandboxes")).header("X-API-Key", key);
+                if !metadata.is_empty() {
+                    req = req.query("metadata", &metadata);
+                }
+                req = req.query("state", "running").query("limit", PAGE_LIMIT);
+                if let Some(t) = &token {
+                    req = req.query("nextToken", t);
+                }
+                req.call()
+            })?;
+            let resp = expect(op, None, resp, &[200])?;
+            let next = resp
+                .headers()
+                .get("x-next-token")
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_string);
+            let page: Vec<Listed> = self.json(op, None, resp)?;
+            for listed in page {
+                // Pages can overlap while sandboxes come and go.
+                if seen.insert(listed.sandbox_id.clone()) {
+                    out.push(listed.into_summary());
+                }
+            }
+            match next {
+                None => return Ok(out),
+                Some(t) if token.as_ref() == Some(&t) => return Err(looping(op)),
+                Some(t) => token = Some(t),
+            }
+        }
+        Err(looping(op))
+    }
+
+    /// One kill call: 204 killed, 404 already gone.
+    pub fn kill(&self, id: &str) -> Result<Killed> {
+        let op = ApiOp::Kill;
+        let resp = self.send(op, Some(id), |a, key| {
+            a.delete(self.url(&format!("/sandboxes/{id}")))
+                .header("X-API-Key", key)
+                .call()
+        })?;
+        match resp.status().as_u16() {
+            404 => Ok(Killed::AlreadyGone),
+            s if (200..300).contains(&s) => Ok(Killed::Now),
+            _ => Err(status_failure(op, Some(id), resp)),
+        }
+    }
+
+    /// Moves the sandbox's end to `secs` from now (shorter or longer).
+    pub fn set_timeout(&self, id: &str, secs: u64) -> Result<()> {
+        let op = ApiOp::SetTimeout;
+        let resp = self.send(op, Some(id), |a, key| {
+            a.post(self.url(&format!("/sandboxes/{id}/timeout")))
+                .header("X-API-Key", key)
+                .send_json(json!({ "timeout": secs }))
+        })?;
+        expect_2xx(op, id, resp)
+    }
+
+    /// Replaces the sandbox's egress rules with all-or-nothing internet access.
+    pub fn set_network(&self, id: &str, internet: bool) -> Result<()> {
+        let op = ApiOp::SetNetwork;
+        let resp = self.send(op, Some(id), |a, key| {
+            a.put(self.url(&format!("/sandboxes/{id}/network")))
+                .header("X-API-Key", key)
+                .send_json(json!({ "allow_internet_access": internet }))
+        })?;
+        expect_2xx(op, id, resp)
+    }
+}
+
+/// Sandbox ids go into URL paths and host names, so only id characters are let through.
+pub fn is_sandbox_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+fn looping(op: ApiOp) -> SandboxError {
+    SandboxError::Remote {
+        class: ErrorClass::Transport,
+        message: format!(
+            "{}: the server keeps returning the same page token",
+            op.describe()
+        ),
+        source: None,
+    }
+}
+
+fn expect(op: ApiOp, id: Option<&str>, resp: Response<Body>, ok: &[u16]) -> Result<Response<Body>> {
+    if ok.contains(&resp.status().as_u16()) {
+        Ok(resp)
+    } else {
+        Err(status_failure(op, id, resp))
+    }
+}
+
+fn expect_2xx(op: ApiOp, id: &str, resp: Response<Body>) -> Result<()> {
+    if resp.status().is_success() {
+        Ok(())
+    } else {
+        Err(status_failure(op, Some(id), resp))
+    }
+}
+
+/// The error an unexpected status stands for; the body is read (bounded) for its message.
+fn status_failure(op: ApiOp, id: Option<&str>, mut resp: Response<Body>) -> SandboxError {
+    let status = resp.status().as_u16();
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(MAX_ERROR_BODY)
+        .read_to_vec()
+        .unwrap_or_default();
+    api_failure(op, id, ApiStatus::parse(status, &body))
+}
+
+/// The `metadata` list filter: `k1=v1&k2=v2` with each key and value percent-encoded twice,
+/// because the API unescapes the whole value once more before splitting it and then unescapes
+/// each part (the query layer's own encoding is added by ureq).
+pub fn metadata_query(filter: &Metadata) -> String {
+    filter
+        .iter()
+        .map(|(k, v)| format!("{}={}", pct(&pct(k)), pct(&pct(v))))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+fn pct(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Parses an RFC 3339 time (`2026-08-21T20:00:22.123Z`, `...+02:00`) to Unix seconds.
+pub fn unix_secs(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = b.get(r)?;
+        if part.iter().all(u8::is_ascii_digit) {
+            std::str::from_utf8(part).ok()?.parse().ok()
+        } else {
+            None
+        }
+    };
+    let seps = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
+    if seps.iter().any(|&(i, c)| b.get(i) != Some(&c))
+        || !matches!(b.get(10), Some(b'T' | b't' | b' '))
+    {
+        return None;
+    }
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let mut rest = &b[19..];
+    if rest.first() == Some(&b'.') {
+        let digits = rest[1..].iter().take_while(|c| c.is_ascii_digit()).count();
+        rest = &rest[1 + digits..];
+    }
+    let offset = match rest {
+        [b'Z' | b'z'] => 0,
+        [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] => {
+            let digits = [*h1, *h2, *m1, *m2];
+            if !digits.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            let d = |c: u8| i64::from(c - b'0');
+            let secs = (d(*h1) * 10 + d(*h2)) * 3600 + (d(*m1) * 10 + d(*m2)) * 60;
+            if *sign == b'+' {
+                secs
+            } else {
+                -secs
+            }
+        }
+        _ => return None,
+    };
+    let days = days_from_civil(year, month, day);
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset;
+    u64::try_from(secs).ok()
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date.
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_times_become_unix_seconds() {
+        assert_eq!(unix_secs("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(unix_secs("2000-03-01T00:00:00Z"), Some(951_868_800));
+        assert_eq!(unix_secs("2024-02-29T12:34:56Z"), Some(1_709_210_096));
+        assert_eq!(
+            unix_secs("2026-08-21T20:00:22.123456789Z"),
+            Some(1_787_342_422)
+        );
+        assert_eq!(unix_secs("2026-08-21T22:00:22+02:00"), Some(1_787_342_422));
+        assert_eq!(
+            unix_secs("2026-08-21T19:30:22.5-00:30"),
+            Some(1_787_342_422)
+        );
+        for bad in [
+            "",
+            "2026-08-21",
+            "2026-08-21T20:00:22",
+            "2026-13-01T00:00:00Z",
+            "2026-08-21T20:00:22+0200",
+            "1969-12-31T23:59:59Z",
+            "20x6-08-21T20:00:22Z",
+        ] {
+            assert_eq!(unix_secs(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn metadata_filters_encode_each_part_twice() {
+        let mut m = Metadata::new();
+        m.insert("wmo-e2b.run".into(), "r1".into());
+        m.insert("pool".into(), "eval".into());
+        assert_eq!(metadata_query(&m), "pool=eval&wmo-e2b.run=r1");
+        let mut m = Metadata::new();
+        m.insert("a b".into(), "x=y&z".into());
+        assert_eq!(metadata_query(&m), "a%2520b=x%253Dy%2526z");
+        assert_eq!(metadata_query(&Metadata::new()), "");
+    }
+
+    #[test]
+    fn listed_entries_prefer_the_alias_and_default_the_rest() {
+        let listed: Listed = serde_json::from_str(
+            r#"{"sandboxID":"isb","templateID":"tpl123","alias":"base","metadata":null,
+                "startedAt":"1970-01-01T00:01:00Z","endAt":"bogus","state":"running",
+                "clientID":"6532622b","cpuCount":2}"#,
+        )
+        .unwrap();
+        let s = listed.into_summary();
+        assert_eq!(s.id, "isb");
+        assert_eq!(s.template.as_deref(), Some("base"));
+        assert!(s.metadata.is_empty());
+        assert_eq!((s.created, s.deadline), (60, 0));
+    }
+}

@@ -1,0 +1,421 @@
+//! `E2bBackend`: creates (through the rate gate, the slot cap and capacity retries), connects,
+//! lists and kills E2B sandboxes, sharing one tuned HTTP agent across all of them.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use ureq::Agent;
+
+use super::api::{is_sandbox_id, Api, NewSandbox, SandboxAccess, SandboxDetail};
+use super::config::{ConfigError, E2bConfig, USER_AGENT};
+use super::envd::Envd;
+use super::error::Limits;
+use super::gate::{shared_gate, Clock, CreateGate, CreateRejected, Slots, SystemClock};
+use super::process::Readers;
+use super::retry::{with_retries, Backoff, CREATE_RETRY_DELAYS, KILL_RETRY_DELAYS};
+use super::sandbox::E2bSandbox;
+use crate::sandbox::{
+    Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
+    SandboxSummary,
+};
+
+/// How the backend behaves; every wait it makes is bounded by one of these.
+#[derive(Debug, Clone)]
+pub struct E2bOptions {
+    /// Template of creates whose spec names none.
+    pub template: String,
+    /// Sandbox lifetime for creates whose spec says 0, and the least lifetime a connect leaves.
+    pub sandbox_timeout: Duration,
+    /// Creates admitted per second. The gate is shared by every backend of the same account
+    /// (API base and key) in this process; the first one's rate and wait apply.
+    pub create_rate: f64,
+    /// Longest a create may queue at the rate gate; past it the create fails at once.
+    pub create_wait: Duration,
+    /// Most sandboxes this backend keeps alive at once.
+    pub max_sandboxes: usize,
+    /// Longest a create waits for one of them to be killed.
+    pub slot_wait: Duration,
+    /// Bound on every unary HTTP exchange (control plane, envd RPCs, files).
+    pub request_timeout: Duration,
+    /// Bound on establishing a connection (DNS, TCP, TLS).
+    pub connect_timeout: Duration,
+    /// envd's keepalive interval on process streams; a stream silent for about twice this is
+    /// a transport failure. Whole seconds, at least one.
+    pub keepalive: Duration,
+    /// Waits between capacity retries of a create.
+    pub create_retry_delays: Vec<Duration>,
+    /// Waits between kill attempts.
+    pub kill_retry_delays: Vec<Duration>,
+}
+
+impl Default for E2bOptions {
+    fn default() -> Self {
+        E2bOptions {
+            template: "base".to_string(),
+            sandbox_timeout: Duration::from_secs(300),
+            create_rate: 4.0,
+            create_wait: Duration::from_secs(60),
+            max_sandboxes: 20,
+            slot_wait: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            keepalive: Duration::from_secs(30),
+            create_retry_delays: CREATE_RETRY_DELAYS.to_vec(),
+            kill_retry_delays: KILL_RETRY_DELAYS.to_vec(),
+        }
+    }
+}
+
+impl E2bOptions {
+    fn validate(&self) -> std::result::Result<(), ConfigError> {
+        let bad = |name, reason: &str| {
+            Err(ConfigError::BadOption {
+                name,
+                reason: reason.to_string(),
+            })
+        };
+        if !(self.create_rate.is_finite() && self.create_rate > 0.0) {
+            return bad(
+                "create_rate",
+                "must be a positive number of creates per second",
+            );
+        }
+        if self.max_sandboxes == 0 {
+            return bad("max_sandboxes", "must be at least 1");
+        }
+        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return bad("request_timeout", "and connect_timeout must be positive");
+        }
+        if self.keepalive < Duration::from_secs(1) {
+            return bad("keepalive", "must be at least one second");
+        }
+        if self.template.trim().is_empty() {
+            return bad("template", "must not be empty");
+        }
+        Ok(())
+    }
+}
+
+/// What the backend has done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct E2bCounters {
+    /// Sandboxes created.
+    pub creates: u64,
+    /// Create attempts repeated after a capacity error.
+    pub create_retries: u64,
+    /// Creates refused by the rate gate or the slot cap before reaching E2B.
+    pub create_rejections: u64,
+    /// Kill calls that ended with the sandbox proven gone.
+    pub kills: u64,
+    /// Kill attempts repeated after a transient error.
+    pub kill_retries: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    creates: AtomicU64,
+    create_retries: AtomicU64,
+    create_rejections: AtomicU64,
+    kills: AtomicU64,
+    kill_retries: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// E2B cloud (or anything speaking its protocol, like `wmo-e2b emulator`).
+pub struct E2bBackend {
+    config: Arc<E2bConfig>,
+    options: E2bOptions,
+    agent: Agent,
+    api: Arc<Api>,
+    /// Shared with every backend of the same account in this process.
+    gate: Arc<CreateGate>,
+    slots: Slots,
+    /// Sandboxes this backend created and has not killed: each holds a slot.
+    holding: Mutex<HashSet<String>>,
+    readers: Arc<Readers>,
+    counters: Counters,
+    clock: Arc<dyn Clock>,
+}
+
+impl E2bBackend {
+    /// The backend `E2B_API_KEY`, `E2B_DOMAIN`, `E2B_API_URL` and `E2B_SANDBOX_URL` describe.
+    pub fn from_env(options: E2bOptions) -> std::result::Result<Arc<E2bBackend>, ConfigError> {
+        E2bBackend::new(E2bConfig::from_env()?, options)
+    }
+
+    pub fn new(
+        config: E2bConfig,
+        options: E2bOptions,
+    ) -> std::result::Result<Arc<E2bBackend>, ConfigError> {
+        E2bBackend::with_clock(config, options, Arc::new(SystemClock))
+    }
+
+    /// As [`E2bBackend::new`], with the clock the rate gate and retry waits use.
+    pub fn with_clock(
+        config: E2bConfig,
+        options: E2bOptions,
+        clock: Arc<dyn Clock>,
+    ) -> std::result::Result<Arc<E2bBackend>, ConfigError> {
+        options.validate()?;
+        // Enough idle connections that every sandbox's worker keeps its own warm one.
+        let idle = options.max_sandboxes.saturating_mul(2).max(16);
+        let agent = Agent::config_builder()
+            // Statuses are classified by us, with the body in hand.
+            .http_status_as_error(false)
+            .timeout_global(Some(options.request_timeout))
+            .timeout_connect(Some(options.connect_timeout))
+            // A redirected POST would be replayed without its body; E2B never redirects.
+            .max_redirects(0)
+            .max_idle_connections(idle)
+            .max_idle_connections_per_host(idle)
+            .user_agent(USER_AGENT)
+            .build()
+            .new_agent();
+        let config = Arc::new(config);
+        let api = Arc::new(Api::new(
+            agent.clone(),
+            Arc::clone(&config),
+            Limits {
+                total: Some(options.request_timeout),
+                connect: options.connect_timeout,
+                silence: None,
+            },
+        ));
+        let interval = Duration::from_secs_f64(1.0 / options.create_rate);
+        Ok(Arc::new(E2bBackend {
+            gate: shared_gate(
+                &format!("{} {}", config.api_base, config.api_key),
+                interval,
+                options.create_wait,
+            ),
+            slots: Slots::new(options.max_sandboxes),
+            config,
+            options,
+            agent,
+            api,
+            holding: Mutex::default(),
+            readers: Arc::default(),
+            counters: Counters::default(),
+            clock,
+        }))
+    }
+
+    pub fn config(&self) -> &E2bConfig {
+        &self.config
+    }
+
+    pub fn options(&self) -> &E2bOptions {
+        &self.options
+    }
+
+    pub fn counters(&self) -> E2bCounters {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        E2bCounters {
+            creates: get(&c.creates),
+            create_retries: get(&c.create_retries),
+            create_rejections: get(&c.create_rejections),
+            kills: get(&c.kills),
+            kill_retries: get(&c.kill_retries),
+        }
+    }
+
+    /// Sandboxes this backend created and has not yet killed.
+    pub fn live_sandboxes(&self) -> usize {
+        self.slots.in_use()
+    }
+
+    /// Creates a sandbox and returns its concrete handle.
+    pub fn create_e2b(&self, spec: &CreateSpec) -> Result<Arc<E2bSandbox>> {
+        let permit = self
+            .slots
+            .acquire(self.options.slot_wait)
+            .map_err(|r| self.rejected(r))?;
+        let timeout = if spec.timeout_secs == 0 {
+            self.options.sandbox_timeout.as_secs().max(1)
+        } else {
+            spec.timeout_secs
+        };
+        let new = NewSandbox {
+            template: spec
+                .template
+                .clone()
+                .filter(|t| !t.trim().is_empty())
+                .unwrap_or_else(|| self.options.template.clone()),
+            timeout_secs: timeout,
+            metadata: spec.metadata.clone(),
+            env_vars: spec.envs.iter().cloned().collect::<BTreeMap<_, _>>(),
+            internet: spec.internet,
+        };
+        let access = with_retries(
+            Backoff::fixed(&self.options.create_retry_delays),
+            &|d| self.clock.sleep(d),
+            || {
+                // Every attempt, retries included, is a create E2B counts against the rate.
+                self.gate
+                    .admit(self.clock.as_ref())
+                    .map_err(|r| self.rejected(r))?;
+                self.api.create(&new)
+            },
+            |e| e.class() == ErrorClass::Capacity && !is_rejection(e),
+            |_, _| bump(&self.counters.create_retries),
+        )?;
+        permit.keep();
+        lock(&self.holding).insert(access.sandbox_id.clone());
+        bump(&self.counters.creates);
+        Ok(Arc::new(self.handle(access)))
+    }
+
+    /// Opens an existing sandbox by id (resuming it if paused) and returns its concrete handle.
+    pub fn connect_e2b(&self, id: &str) -> Result<Arc<E2bSandbox>> {
+        check_id(id)?;
+        let access = self
+            .api
+            .connect(id, self.options.sandbox_timeout.as_secs().max(1))?;
+        Ok(Arc::new(self.handle(access)))
+    }
+
+    /// What the control plane knows about one sandbox.
+    pub fn info(&self, id: &str) -> Result<SandboxDetail> {
+        check_id(id)?;
+        self.api.info(id)
+    }
+
+    fn handle(&self, access: SandboxAccess) -> E2bSandbox {
+        let base = self
+            .config
+            .envd_base(&access.sandbox_id, access.domain.as_deref());
+        let envd = Envd::new(
+            self.agent.clone(),
+            base,
+            access.sandbox_id.clone(),
+            access.envd_access_token,
+            access.envd_version.as_deref(),
+            self.options.request_timeout,
+            self.options.connect_timeout,
+            self.options.keepalive,
+        );
+        E2bSandbox::new(
+            access.sandbox_id,
+            access.template_id,
+            access.envd_version,
+            envd,
+            Arc::clone(&self.api),
+            Arc::clone(&self.readers),
+        )
+    }
+
+    fn rejected(&self, why: CreateRejected) -> SandboxError {
+        bump(&self.counters.create_rejections);
+        SandboxError::Remote {
+            class: ErrorClass::Capacity,
+            message: "an e2b sandbox create was not admitted".to_string(),
+            source: Some(Box::new(why)),
+        }
+    }
+}
+
+/// Whether an error is the gate's or the cap's own refusal, which a retry cannot cure.
+fn is_rejection(e: &SandboxError) -> bool {
+    std::error::Error::source(e).is_some_and(|s| s.is::<CreateRejected>())
+}
+
+fn check_id(id: &str) -> Result<()> {
+    if is_sandbox_id(id) {
+        Ok(())
+    } else {
+        Err(SandboxError::Remote {
+            class: ErrorClass::BadRequest,
+            message: format!("{id:?} is not an e2b sandbox id"),
+            source: None,
+        })
+    }
+}
+
+impl Backend for E2bBackend {
+    fn name(&self) -> &'static str {
+        "e2b"
+    }
+
+    fn create(&self, spec: &CreateSpec) -> Result<Arc<dyn Sandbox>> {
+        Ok(self.create_e2b(spec)?)
+    }
+
+    fn connect(&self, id: &str) -> Result<Arc<dyn Sandbox>> {
+        Ok(self.connect_e2b(id)?)
+    }
+
+    fn list(&self, filter: &Metadata) -> Result<Vec<SandboxSummary>> {
+        self.api.list(filter)
+    }
+
+    /// Kills with retries on transient errors; an error means the kill is not proven.
+    fn kill(&self, id: &str) -> Result<Killed> {
+        check_id(id)?;
+        let killed = with_retries(
+            Backoff::fixed(&self.options.kill_retry_delays),
+            &|d| self.clock.sleep(d),
+            || self.api.kill(id),
+            |e| matches!(e.class(), ErrorClass::Transport | ErrorClass::Capacity),
+            |_, _| bump(&self.counters.kill_retries),
+        )?;
+        bump(&self.counters.kills);
+        if lock(&self.holding).remove(id) {
+            self.slots.release();
+        }
+        Ok(killed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_validated() {
+        assert!(E2bOptions::default().validate().is_ok());
+        let bad = [
+            E2bOptions {
+                create_rate: 0.0,
+                ..E2bOptions::default()
+            },
+            E2bOptions {
+                create_rate: f64::NAN,
+                ..E2bOptions::default()
+            },
+            E2bOptions {
+                max_sandboxes: 0,
+                ..E2bOptions::default()
+            },
+            E2bOptions {
+                keepalive: Duration::from_millis(500),
+                ..E2bOptions::default()
+            },
+            E2bOptions {
+                template: " ".into(),
+                ..E2bOptions::default()
+            },
+        ];
+        for o in bad {
+            assert!(o.validate().is_err(), "{o:?}");
+        }
+    }
+
+    #[test]
+    fn ids_that_could_escape_a_url_path_are_refused() {
+        assert!(check_id("i1a2b3c4d5e6f7g8h9j0k").is_ok());
+        assert!(check_id("isb-6532622b").is_ok());
+        for bad in ["", "a/b", "a?b", "../x", "a b", "a#b"] {
+            assert!(check_id(bad).is_err(), "{bad:?}");
+        }
+    }
+}

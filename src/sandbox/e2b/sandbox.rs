@@ -1,0 +1,366 @@
+//! One E2B sandbox: processes over envd's `process.Process` service, files over `/files`,
+//! lifetime and network over the control plane.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::api::Api;
+use super::envd::{b64_encode, Envd, EventStream};
+use super::error::{Code, EnvdFailure, Subject};
+use super::process::{self, ReaderTicket, Readers};
+use crate::sandbox::{
+    Output, Process, ProcessInfo, Result, RunOpts, Sandbox, SandboxError, SpawnOpts,
+};
+
+/// The home of E2B's default user, where templates keep user files.
+pub const HOME: &str = "/home/user";
+/// Commands run as `bash -l -c CMD`, like the SDK's, so login profiles set PATH and friends.
+const SHELL: &str = "/bin/bash";
+
+/// A handle on an E2B sandbox. Dropping it does not kill the sandbox; `Backend::kill` does.
+pub struct E2bSandbox {
+    id: String,
+    template: Option<String>,
+    envd_version: Option<String>,
+    envd: Envd,
+    api: Arc<Api>,
+    readers: Arc<Readers>,
+}
+
+impl E2bSandbox {
+    pub(super) fn new(
+        id: String,
+        template: Option<String>,
+        envd_version: Option<String>,
+        envd: Envd,
+        api: Arc<Api>,
+        readers: Arc<Readers>,
+    ) -> E2bSandbox {
+        E2bSandbox {
+            id,
+            template,
+            envd_version,
+            envd,
+            api,
+            readers,
+        }
+    }
+
+    /// The template id the create/connect answer named.
+    pub fn template_id(&self) -> Option<&str> {
+        self.template.as_deref()
+    }
+
+    pub fn envd_version(&self) -> Option<&str> {
+        self.envd_version.as_deref()
+    }
+
+    /// Where this sandbox's envd is reached.
+    pub fn envd_base(&self) -> &str {
+        self.envd.base()
+    }
+
+    /// Whether envd answers; false when the edge reports the sandbox gone.
+    pub fn health(&self) -> Result<bool> {
+        self.envd
+            .health()
+            .map_err(|f| f.into_error(&self.id, "checking health", Subject::Sandbox))
+    }
+
+    /// Creates a directory and its missing parents; false when it already existed.
+    pub fn make_dir(&self, path: &str) -> Result<bool> {
+        check_path(path)?;
+        match self
+            .envd
+            .unary("filesystem.Filesystem/MakeDir", &json!({ "path": path }))
+        {
+            Ok(_) => Ok(true),
+            Err(f) if f.code() == Some(Code::AlreadyExists) => Ok(false),
+            Err(f) => Err(f.into_error(
+                &self.id,
+                &format!("creating directory {path}"),
+                Subject::Path(path),
+            )),
+        }
+    }
+
+    fn start_request(
+        &self,
+        cmd: &str,
+        cwd: Option<&str>,
+        envs: &[(String, String)],
+        stdin: bool,
+    ) -> Value {
+        // Later entries win, as in a shell.
+        let envs: BTreeMap<&str, &str> =
+            envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut process = json!({
+            "cmd": SHELL,
+            "args": ["-l", "-c", cmd],
+            "cwd": cwd.unwrap_or(HOME),
+        });
+        if !envs.is_empty() {
+            process["envs"] = json!(envs);
+        }
+        json!({ "process": process, "stdin": stdin })
+    }
+
+    /// Opens a process stream and reads it up to the start event.
+    fn open(
+        &self,
+        rpc: &str,
+        request: &Value,
+        lifetime: Option<Duration>,
+        what: &str,
+        subject: Subject<'_>,
+    ) -> Result<(u32, EventStream)> {
+        let opened = self.envd.stream(rpc, request, lifetime).and_then(|mut s| {
+            let pid = process::await_start(&mut s)?;
+            Ok((pid, s))
+        });
+        opened.map_err(|f| self.envd.confirm(f).into_error(&self.id, what, subject))
+    }
+
+    /// Hands a started stream to a reader thread.
+    fn attach(&self, pid: u32, stream: EventStream) -> Result<Process> {
+        let ticket = ReaderTicket {
+            envd: self.envd.clone(),
+            sandbox_id: self.id.clone(),
+            pid,
+            readers: Arc::clone(&self.readers),
+            generation: self.readers.claim(&self.id, pid),
+        };
+        let events = process::start_reader(ticket, stream).map_err(|e| SandboxError::Io {
+            id: self.id.clone(),
+            what: format!("starting the output reader of process {pid}"),
+            source: e,
+        })?;
+        Ok(Process { pid, events })
+    }
+
+    fn process_call(&self, rpc: &str, pid: u32, request: Value, what: &str) -> Result<Value> {
+        self.envd.unary(rpc, &request).map_err(|f| {
+            f.into_error(
+                &self.id,
+                &format!("{what} of process {pid}"),
+                Subject::Process(pid),
+            )
+        })
+    }
+}
+
+impl Sandbox for E2bSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn home(&self) -> &str {
+        HOME
+    }
+
+    fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
+        let started = Instant::now();
+        let request = self.start_request(cmd, opts.cwd.as_deref(), &opts.envs, false);
+        let (pid, mut stream) = self.open(
+            "process.Process/Start",
+            &request,
+            Some(opts.timeout),
+            "starting a command",
+            Subject::Sandbox,
+        )?;
+        let collected = process::collect(&mut stream, opts.max_output).map_err(|f| {
+            self.envd
+                .confirm(f)
+                .into_error(&self.id, "running a command", Subject::Sandbox)
+        })?;
+        drop(stream);
+        if collected.expired {
+            // envd kills at its deadline; this covers our own bound firing first. A process
+            // that is already gone is the expected answer.
+            let _ = self.kill_process(pid);
+        }
+        let timed_out =
+            collected.expired || (collected.exit.is_none() && started.elapsed() >= opts.timeout);
+        Ok(Output {
+            exit_code: if timed_out { None } else { collected.exit },
+            stdout: collected.stdout,
+            stderr: collected.stderr,
+            timed_out,
+        })
+    }
+
+    fn spawn(&self, cmd: &str, opts: &SpawnOpts) -> Result<Process> {
+        let request = self.start_request(cmd, opts.cwd.as_deref(), &opts.envs, opts.stdin);
+        // No lifetime: envd would kill a long-lived runner when it passed.
+        let (pid, stream) = self.open(
+            "process.Process/Start",
+            &request,
+            None,
+            "starting a process",
+            Subject::Sandbox,
+        )?;
+        self.attach(pid, stream)
+    }
+
+    fn connect(&self, pid: u32) -> Result<Process> {
+        let (started, stream) = self.open(
+            "process.Process/Connect",
+            &json!({ "process": { "pid": pid } }),
+            None,
+            &format!("attaching to process {pid}"),
+            Subject::Process(pid),
+        )?;
+        if started != pid {
+            return Err(EnvdFailure::protocol(
+                format!("attaching to process {pid} started a stream of process {started}"),
+                None,
+            )
+            .into_error(&self.id, "attaching to a process", Subject::Process(pid)));
+        }
+        self.attach(pid, stream)
+    }
+
+    fn send_stdin(&self, pid: u32, data: &[u8]) -> Result<()> {
+        let request = json!({
+            "process": { "pid": pid },
+            "input": { "stdin": b64_encode(data) },
+        });
+        self.process_call(
+            "process.Process/SendInput",
+            pid,
+            request,
+            "writing to the stdin",
+        )
+        .map(drop)
+    }
+
+    fn close_stdin(&self, pid: u32) -> Result<()> {
+        let request = json!({ "process": { "pid": pid } });
+        self.process_call(
+            "process.Process/CloseStdin",
+            pid,
+            request,
+            "closing the stdin",
+        )
+        .map(drop)
+    }
+
+    fn processes(&self) -> Result<Vec<ProcessInfo>> {
+        let answer = self
+            .envd
+            .unary("process.Process/List", &json!({}))
+            .map_err(|f| f.into_error(&self.id, "listing processes", Subject::Sandbox))?;
+        Ok(process_list(&answer))
+    }
+
+    fn kill_process(&self, pid: u32) -> Result<()> {
+        let request = json!({ "process": { "pid": pid }, "signal": "SIGNAL_SIGKILL" });
+        self.process_call("process.Process/SendSignal", pid, request, "killing")
+            .map(drop)
+    }
+
+    fn read_file(&self, path: &str) -> Result<Vec<u8>> {
+        check_path(path)?;
+        self.envd
+            .read_file(path)
+            .map_err(|f| f.into_error(&self.id, &format!("reading {path}"), Subject::Path(path)))
+    }
+
+    fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
+        check_path(path)?;
+        self.envd
+            .write_file(path, data)
+            .map_err(|f| f.into_error(&self.id, &format!("writing {path}"), Subject::Path(path)))
+    }
+
+    fn set_timeout(&self, secs: u64) -> Result<()> {
+        self.api.set_timeout(&self.id, secs)
+    }
+
+    fn set_internet(&self, allowed: bool) -> Result<()> {
+        self.api.set_network(&self.id, allowed)
+    }
+}
+
+/// `{"processes": [{"pid": N, "config": {"cmd", "args"}}]}`; absent means none. A command we
+/// started as `bash -l -c CMD` is reported as CMD.
+fn process_list(answer: &Value) -> Vec<ProcessInfo> {
+    let Some(list) = answer.get("processes").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|p| {
+            let pid = u32::try_from(p.get("pid")?.as_u64()?).ok()?;
+            let config = p.get("config");
+            let cmd = config
+                .and_then(|c| c.get("cmd"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let args: Vec<&str> = config
+                .and_then(|c| c.get("args"))
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let cmd = match args.as_slice() {
+                ["-l", "-c", inner] if cmd == SHELL => (*inner).to_string(),
+                _ => std::iter::once(cmd)
+                    .chain(args.iter().copied())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            };
+            Some(ProcessInfo { pid, cmd })
+        })
+        .collect()
+}
+
+fn check_path(path: &str) -> Result<()> {
+    let bad = |reason| SandboxError::BadPath {
+        path: path.to_string(),
+        reason,
+    };
+    if !path.starts_with('/') {
+        return Err(bad("sandbox paths must be absolute"));
+    }
+    if path.contains('\0') {
+        return Err(bad("the path contains a NUL byte"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_lists_show_the_command_we_ran() {
+        let answer = json!({"processes": [
+            {"pid": 7, "config": {"cmd": "/bin/bash", "args": ["-l", "-c", "node runner.mjs"]}},
+            {"pid": 8, "config": {"cmd": "/usr/bin/sleep", "args": ["60"]}, "tag": "t"},
+            {"pid": -1, "config": {}},
+        ]});
+        assert_eq!(
+            process_list(&answer),
+            [
+                ProcessInfo {
+                    pid: 7,
+                    cmd: "node runner.mjs".into()
+                },
+                ProcessInfo {
+                    pid: 8,
+                    cmd: "/usr/bin/sleep 60".into()
+                },
+            ]
+        );
+        assert!(process_list(&json!({})).is_empty());
+    }
+
+    #[test]
+    fn paths_must_be_absolute() {
+        assert!(check_path("/home/user/a").is_ok());
+        assert!(check_path("a").is_err());
+        assert!(check_path("/a\0b").is_err());
+    }
+}
