@@ -681,11 +681,12 @@ async function turnLoop(s, turn) {
     var warnings = Array.isArray(choice.wmo_unparsed_tool_calls) ? choice.wmo_unparsed_tool_calls : [];
     var why = warnings.length > 0 ? "unparsed_tool_call" : truncated ? "output_truncated" : "no_tool_call";
     consecutiveNonAction += 1;
-    if (turn.turns >= s.turnCap) return "turn_limit";
     // A steer that arrived meanwhile is fresh user input: it goes to the model
     // instead of a nudge, and the turn does not end for lack of a tool call.
-    if (turn.steers.length > 0) continue;
-    if (consecutiveNonAction >= MAX_NONACTION_TURNS) return "no_tool_call";
+    var steered = turn.steers.length > 0;
+    if (!steered && consecutiveNonAction >= MAX_NONACTION_TURNS) return "no_tool_call";
+    if (turn.turns >= s.turnCap) return "turn_limit";
+    if (steered) continue;
     s.messages.push({ role: "user", content: nudgeFor(why, s.maxOutputTokens, warnings) });
   }
 }
