@@ -23,3 +23,6 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --locked --no-fail-fast
 fi
+
+echo "== e2b sdk conformance"
+scripts/conformance.sh

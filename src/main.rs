@@ -32,6 +32,9 @@ enum Command {
     /// List or kill this tool's sandboxes.
     #[command(subcommand)]
     Sandbox(commands::sandbox::SandboxCommand),
+    /// Serve the E2B API and envd on one port, backed by local sandboxes (for tests and
+    /// the official SDKs).
+    Emulator(commands::emulator::EmulatorArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Command::Reap(args) => commands::reap::run(args),
         Command::Sandbox(cmd) => commands::sandbox::run(cmd),
         Command::Project(cmd) => commands::project::run(cmd),
+        Command::Emulator(args) => commands::emulator::run(args),
     };
     match result {
         Ok(code) => code.into(),

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# E2B SDK conformance: the official E2B Python SDK (pinned in scripts/e2b-requirements.txt)
+# drives `wmo-e2b emulator`; scripts/e2b_conformance.py checks every answer.
+#
+# Needs python3 with the venv module and network access to PyPI on the first run; the venv
+# lives in target/e2b-venv and is reused while the pins and the Python version match.
+# Starts two emulators on free ports (one plain, one with seeded faults), stops both, and
+# fails if any check failed or any sandbox outlived its emulator.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need() { command -v "$1" >/dev/null 2>&1 || { echo "conformance.sh: $1 is not installed: $2" >&2; exit 2; }; }
+need python3 "install Python 3.9 or newer with the venv module"
+need cargo "install Rust with rustup (https://rustup.rs)"
+
+venv=target/e2b-venv
+reqs=scripts/e2b-requirements.txt
+stamp="$(python3 --version 2>&1) $(cksum < "$reqs")"
+if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.wmo-stamp" 2>/dev/null)" != "$stamp" ]]; then
+  echo "conformance.sh: creating $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv" || { echo "conformance.sh: python3 -m venv failed (on Debian/Ubuntu: apt-get install python3-venv)" >&2; exit 2; }
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$reqs"
+  echo "$stamp" > "$venv/.wmo-stamp"
+fi
+
+cargo build --locked --quiet --bin wmo-e2b
+bin="${CARGO_TARGET_DIR:-target}/debug/wmo-e2b"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/wmo-e2b-conformance.XXXXXX")
+key="e2b_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+pids=()
+
+stop_all() {
+  for pid in "${pids[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${pids[@]}"; do
+    # Stopping kills the emulator's sandboxes; give it a bounded time, then insist.
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  pids=()
+}
+trap 'stop_all; rm -rf "$work"' EXIT
+
+# Starts an emulator (extra flags in "$@") and sets started_url to its base URL. Not run in
+# a $(...) subshell, so the pid lands in this shell's list.
+started_url=
+start_emulator() {
+  local name=$1
+  shift
+  "$bin" emulator --listen 127.0.0.1:0 --api-key "$key" --json \
+    --state-dir "$work/$name-state" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  pids+=($!)
+  for _ in $(seq 300); do
+    if [[ -s "$work/$name.out" ]]; then
+      started_url=$(python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["url"])' <"$work/$name.out")
+      return 0
+    fi
+    kill -0 "${pids[-1]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "conformance.sh: the $name emulator did not start:" >&2
+  cat "$work/$name.err" >&2
+  return 1
+}
+
+start_emulator plain
+url=$started_url
+# Seeded, so the fault sequence (and so this run) is the same every time.
+start_emulator faulty --fault create-429=0.3,create-503=0.2 --seed 7
+faulty_url=$started_url
+
+unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN
+export E2B_API_KEY=$key E2B_API_URL=$url E2B_SANDBOX_URL=$url WMO_E2B_FAULTY_URL=$faulty_url
+
+status=0
+timeout 300 "$venv/bin/python" scripts/e2b_conformance.py || status=$?
+
+stop_all
+for name in plain faulty; do
+  left=$(find "$work/$name-state/sandboxes" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+  if [[ "$left" != 0 ]]; then
+    echo "conformance.sh: the $name emulator left $left sandbox(es) behind" >&2
+    status=1
+  fi
+  if ! grep -q '"type":"stopped"' "$work/$name.out"; then
+    echo "conformance.sh: the $name emulator did not stop cleanly:" >&2
+    cat "$work/$name.err" >&2
+    status=1
+  fi
+done
+if [[ $status != 0 ]]; then
+  echo "conformance.sh: FAILED (emulator log below)" >&2
+  tail -n 50 "$work/plain.err" >&2 || true
+fi
+exit $status

@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""Drive the wmo-e2b emulator with the official E2B Python SDK and check every answer.
+
+Run by scripts/conformance.sh, which starts the emulator and sets E2B_API_KEY, E2B_API_URL
+and E2B_SANDBOX_URL (never E2B_DEBUG, which would bypass the control plane). With
+WMO_E2B_FAULTY_URL set (a second emulator started with --fault), it also checks that the
+SDK's own retries get creates through injected 429s and 503s.
+
+Prints one line per check and `N passed, M failed` last; exits non-zero on any failure.
+"""
+
+import io
+import json
+import os
+import sys
+import time
+import traceback
+import urllib.request
+import uuid
+
+from e2b import (
+    CommandExitException,
+    FileNotFoundException,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+)
+
+PASSED = 0
+FAILED = 0
+RUN = uuid.uuid4().hex[:8]
+
+
+def check(name, cond, detail=""):
+    """Record one assertion."""
+    global PASSED, FAILED
+    if cond:
+        PASSED += 1
+        print(f"PASS {name}")
+    else:
+        FAILED += 1
+        print(f"FAIL {name}: {detail}")
+    sys.stdout.flush()
+
+
+def equal(name, got, want):
+    check(name, got == want, f"got {got!r}, want {want!r}")
+
+
+def raises(name, exc_type, fn):
+    """Check that fn() raises exc_type; return the exception (or None)."""
+    try:
+        fn()
+    except exc_type as e:  # noqa: PERF203 - one call
+        check(name, True)
+        return e
+    except Exception as e:  # pragma: no cover - reported as a failure
+        check(name, False, f"raised {type(e).__name__}: {e}")
+        return None
+    check(name, False, f"did not raise {exc_type.__name__}")
+    return None
+
+
+def case(fn):
+    """Run one group of checks; an unexpected exception fails the group, not the run."""
+    try:
+        fn()
+    except Exception as e:
+        check(f"{fn.__name__} (completes)", False, f"{type(e).__name__}: {e}")
+        traceback.print_exc()
+
+
+def stats(url):
+    req = urllib.request.Request(
+        f"{url}/_emulator/stats", headers={"X-API-Key": os.environ["E2B_API_KEY"]}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+SBX = None
+
+
+def test_create():
+    global SBX
+    SBX = Sandbox.create(
+        metadata={"suite": "conformance", "run": RUN},
+        timeout=180,
+        envs={"SBX_VAR": "from-create"},
+    )
+    check("create returns an id", bool(SBX.sandbox_id), SBX.sandbox_id)
+    info = SBX.get_info()
+    equal("get_info sandbox_id", info.sandbox_id, SBX.sandbox_id)
+    equal("get_info metadata", info.metadata, {"suite": "conformance", "run": RUN})
+    equal("get_info template", info.template_id, "base")
+    equal("get_info state", str(info.state.value), "running")
+    lifetime = (info.end_at - info.started_at).total_seconds()
+    check("get_info end_at is start + timeout", 179 <= lifetime <= 181, lifetime)
+    check("is_running", SBX.is_running() is True)
+
+
+def test_run():
+    r = SBX.commands.run("echo hello")
+    equal("run stdout", r.stdout, "hello\n")
+    equal("run stderr", r.stderr, "")
+    equal("run exit_code", r.exit_code, 0)
+    equal("run error", r.error, None)
+    r = SBX.commands.run("echo oops >&2")
+    equal("run stderr only", (r.stdout, r.stderr), ("", "oops\n"))
+    chunks = []
+    SBX.commands.run("printf a; sleep 0.2; printf b", on_stdout=chunks.append)
+    equal("run on_stdout callback", "".join(chunks), "ab")
+    e = raises(
+        "non-zero exit raises CommandExitException",
+        CommandExitException,
+        lambda: SBX.commands.run("echo partial; echo bad >&2; exit 7"),
+    )
+    if e is not None:
+        equal("CommandExitException.exit_code", e.exit_code, 7)
+        equal("CommandExitException.stdout", e.stdout, "partial\n")
+        equal("CommandExitException.stderr", e.stderr, "bad\n")
+        equal("CommandExitException.error", e.error, "exit status 7")
+        check("CommandExitException message", "exited with code 7" in str(e), str(e))
+
+
+def test_cwd_and_envs():
+    equal("make_dir new", SBX.files.make_dir("/home/user/work"), True)
+    equal("make_dir existing", SBX.files.make_dir("/home/user/work"), False)
+    r = SBX.commands.run("pwd; touch marker", cwd="/home/user/work")
+    check("run cwd", r.stdout.strip().endswith("/work"), r.stdout)
+    equal("file made in cwd exists", SBX.files.exists("/home/user/work/marker"), True)
+    r = SBX.commands.run('echo "$GREETING"', envs={"GREETING": "hi there"})
+    equal("run envs", r.stdout, "hi there\n")
+    r = SBX.commands.run('echo "$SBX_VAR $E2B_SANDBOX"')
+    equal("sandbox envs and E2B_SANDBOX", r.stdout, "from-create true\n")
+
+
+def test_background_stdin_connect_list():
+    h = SBX.commands.run("cat", background=True, stdin=True, timeout=0)
+    check("background pid", h.pid > 0, h.pid)
+    SBX.commands.send_stdin(h.pid, "line one\n")
+    procs = SBX.commands.list()
+    mine = [p for p in procs if p.pid == h.pid]
+    check("commands.list has the process", len(mine) == 1, procs)
+    if mine:
+        equal("commands.list cmd", mine[0].cmd, "/bin/bash")
+        equal("commands.list args", mine[0].args, ["-l", "-c", "cat"])
+    # Wait for cat to echo line one on the original stream, so the reattach (which sees
+    # only later output) is known to come after it.
+    for out, _err, _pty in h:
+        if out:
+            break
+    h2 = SBX.commands.connect(h.pid)
+    equal("connect pid", h2.pid, h.pid)
+    SBX.commands.send_stdin(h.pid, "line two\n")
+    SBX.commands.stream_input(h.pid, ["line three\n", b"line four\n"])
+    SBX.commands.close_stdin(h.pid)
+    r2 = h2.wait()
+    equal("connected handle output", r2.stdout, "line two\nline three\nline four\n")
+    equal("connected handle exit", r2.exit_code, 0)
+    r1 = h.wait()
+    equal(
+        "original handle output",
+        r1.stdout,
+        "line one\nline two\nline three\nline four\n",
+    )
+    check(
+        "ended process leaves commands.list",
+        all(p.pid != h.pid for p in SBX.commands.list()),
+    )
+
+
+def test_kill_command():
+    h = SBX.commands.run("sleep 600", background=True, timeout=0)
+    equal("commands.kill", SBX.commands.kill(h.pid), True)
+    e = raises("killed command raises on wait", CommandExitException, h.wait)
+    if e is not None:
+        equal("killed command exit_code", e.exit_code, -1)
+    equal("commands.kill again", SBX.commands.kill(h.pid), False)
+    check("killed process not listed", all(p.pid != h.pid for p in SBX.commands.list()))
+
+
+def test_command_timeout():
+    from e2b import TimeoutException
+
+    t = time.monotonic()
+    raises(
+        "run timeout raises TimeoutException",
+        TimeoutException,
+        lambda: SBX.commands.run("sleep 30", timeout=1),
+    )
+    check("run timeout is prompt", time.monotonic() - t < 10, time.monotonic() - t)
+
+
+def test_files():
+    info = SBX.files.write("/home/user/dir/note.txt", "content")
+    equal("write path", info.path, "/home/user/dir/note.txt")
+    equal("write name", info.name, "note.txt")
+    equal("write type", info.type.value, "file")
+    equal("read text", SBX.files.read("/home/user/dir/note.txt"), "content")
+    data = bytes(range(256)) * 64
+    SBX.files.write("/home/user/dir/blob.bin", data)
+    equal("read bytes", bytes(SBX.files.read("/home/user/dir/blob.bin", format="bytes")), data)
+    # A file-like object goes up as a streamed (chunked) octet-stream body.
+    SBX.files.write("/home/user/dir/streamed.bin", io.BytesIO(data))
+    streamed = b"".join(SBX.files.read("/home/user/dir/streamed.bin", format="stream"))
+    equal("streamed write and read", streamed, data)
+    SBX.files.remove("/home/user/dir/streamed.bin")
+    SBX.files.write("/home/user/dir/zipped.txt", "gzip body", gzip=True)
+    equal("gzip write", SBX.files.read("/home/user/dir/zipped.txt"), "gzip body")
+    infos = SBX.files.write_files(
+        [
+            {"path": "/home/user/multi/a.txt", "data": "A"},
+            {"path": "/home/user/multi/b.txt", "data": b"B"},
+        ]
+    )
+    equal("write_files count", len(infos), 2)
+    equal("write_files content", SBX.files.read("/home/user/multi/b.txt"), "B")
+    names = sorted(e.name for e in SBX.files.list("/home/user/dir"))
+    equal("list names", names, ["blob.bin", "note.txt", "zipped.txt"])
+    entries = {e.name: e for e in SBX.files.list("/home/user/dir")}
+    equal("list size", entries["blob.bin"].size, len(data))
+    equal("list type", entries["note.txt"].type.value, "file")
+    deep = SBX.files.list("/home/user", depth=2)
+    check("list depth 2", any(e.path == "/home/user/multi/a.txt" for e in deep), [e.path for e in deep])
+    equal("exists file", SBX.files.exists("/home/user/dir/note.txt"), True)
+    equal("exists missing", SBX.files.exists("/home/user/dir/nope.txt"), False)
+    equal("get_info size", SBX.files.get_info("/home/user/dir/note.txt").size, 7)
+    SBX.files.rename("/home/user/dir/note.txt", "/home/user/dir/renamed.txt")
+    equal("rename", SBX.files.exists("/home/user/dir/renamed.txt"), True)
+    SBX.files.remove("/home/user/dir/renamed.txt")
+    equal("remove", SBX.files.exists("/home/user/dir/renamed.txt"), False)
+    raises(
+        "read missing raises FileNotFoundException",
+        FileNotFoundException,
+        lambda: SBX.files.read("/home/user/dir/nope.txt"),
+    )
+    r = SBX.commands.run("cat dir/blob.bin | wc -c")
+    equal("files and commands see one home", r.stdout.strip(), str(len(data)))
+
+
+def test_list_pagination():
+    meta = {"suite": "conformance-list", "run": RUN}
+    made = [Sandbox.create(metadata=meta, timeout=120) for _ in range(5)]
+    want = sorted(s.sandbox_id for s in made)
+    paginator = Sandbox.list(query=SandboxQuery(metadata=meta), limit=2)
+    pages = []
+    seen = []
+    while paginator.has_next:
+        items = paginator.next_items()
+        pages.append(len(items))
+        seen.extend(i.sandbox_id for i in items)
+        if len(pages) > 10:
+            break
+    equal("list pages of 2 over 5", pages, [2, 2, 1])
+    equal("list finds exactly the filtered sandboxes", sorted(seen), want)
+    everything = Sandbox.list(query=SandboxQuery(metadata={"run": RUN})).next_items()
+    equal("list filter on one key", len(everything), 6)
+    for s in made:
+        equal("kill listed sandbox", Sandbox.kill(s.sandbox_id), True)
+    after = Sandbox.list(query=SandboxQuery(metadata=meta)).next_items()
+    equal("killed sandboxes leave the list", after, [])
+
+
+def test_timeout_and_expiry():
+    short = Sandbox.create(timeout=2)
+    shortened = Sandbox.create(timeout=120)
+    shortened.set_timeout(2)
+    check("short sandbox runs", short.is_running() is True)
+    # The local backend rounds deadlines up to a whole second: gone within 3 s.
+    time.sleep(4)
+    equal("sandbox gone after its timeout", short.is_running(), False)
+    equal("sandbox gone after set_timeout", shortened.is_running(), False)
+    ids = {s.sandbox_id for s in Sandbox.list().next_items()}
+    check("expired sandboxes not listed", not ({short.sandbox_id, shortened.sandbox_id} & ids), ids)
+    equal("kill of an expired sandbox", Sandbox.kill(short.sandbox_id), False)
+
+
+# Interfaces in the command's own network namespace (/proc/net is per namespace).
+IFACES = "awk -F: 'NR > 2 { gsub(/ /, \"\", $1); print $1 }' /proc/net/dev"
+
+
+def test_network():
+    try:
+        locked = Sandbox.create(timeout=60, allow_internet_access=False)
+    except SandboxException as e:
+        # A host without network namespaces must say so, not silently allow egress.
+        check("network lock unsupported here is a clear 501", "501" in str(e), str(e))
+        return
+    equal("allow_internet_access=False: only loopback", locked.commands.run(IFACES).stdout.split(), ["lo"])
+    equal("get_info allow_internet_access", locked.get_info().allow_internet_access, False)
+    locked.update_network({"allow_internet_access": True})
+    equal("update_network allows", locked.get_info().allow_internet_access, True)
+    locked.update_network({"deny_out": ["0.0.0.0/0"]})
+    equal("update_network deny_out 0.0.0.0/0", locked.get_info().allow_internet_access, False)
+    equal("denied again: only loopback", locked.commands.run(IFACES).stdout.split(), ["lo"])
+    raises(
+        "partial egress rules are refused",
+        SandboxException,
+        lambda: locked.update_network({"deny_out": ["10.0.0.0/8"]}),
+    )
+    locked.kill()
+
+
+def test_connect():
+    again = Sandbox.connect(SBX.sandbox_id)
+    equal("connect id", again.sandbox_id, SBX.sandbox_id)
+    equal("connected sandbox runs commands", again.commands.run("echo again").stdout, "again\n")
+    equal("connected sandbox sees files", again.files.read("/home/user/multi/a.txt"), "A")
+
+
+def test_kill():
+    sid = SBX.sandbox_id
+    equal("kill", SBX.kill(), True)
+    equal("is_running after kill", SBX.is_running(), False)
+    equal("kill again", Sandbox.kill(sid), False)
+    from e2b import SandboxNotFoundException
+
+    raises("connect to a killed sandbox", SandboxNotFoundException, lambda: Sandbox.connect(sid))
+
+
+def test_retries_through_faults():
+    url = os.environ.get("WMO_E2B_FAULTY_URL")
+    if not url:
+        return
+    made = []
+    for i in range(4):
+        s = Sandbox.create(timeout=60, api_url=url, sandbox_url=url)
+        made.append(s)
+        equal(f"create {i} through faults", s.commands.run("echo ok").stdout, "ok\n")
+    counts = stats(url)["faults"]
+    check("429s were injected", counts["create-429"] > 0, counts)
+    check("503s were injected", counts["create-503"] > 0, counts)
+    for s in made:
+        s.kill()
+
+
+def main():
+    for fn in [
+        test_create,
+        test_run,
+        test_cwd_and_envs,
+        test_background_stdin_connect_list,
+        test_kill_command,
+        test_command_timeout,
+        test_files,
+        test_list_pagination,
+        test_timeout_and_expiry,
+        test_network,
+        test_connect,
+        test_kill,
+        test_retries_through_faults,
+    ]:
+        if SBX is None and fn is not test_create:
+            check(f"{fn.__name__} (needs a sandbox)", False, "create failed")
+            continue
+        case(fn)
+    print(f"{PASSED} passed, {FAILED} failed")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
