@@ -552,10 +552,15 @@ fn prepare_workspace(
             return Err((transport(&e, "writing task files"), false));
         }
     }
+    // The workspace is created from home, by its home-relative name, then setup runs in it.
+    let rel = ws
+        .strip_prefix(sandbox.home().trim_end_matches('/'))
+        .unwrap_or(ws)
+        .trim_start_matches('/');
     let setup = format!(
         "mkdir -p {ws} && cd {ws} && {}",
         task.setup.as_deref().unwrap_or("true"),
-        ws = shell_quote(ws)
+        ws = shell_quote(rel)
     );
     let setup_out = sandbox.run(
         &setup,

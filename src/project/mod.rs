@@ -366,7 +366,7 @@ impl Project {
         let out = self
             .sandbox
             .run(
-                &format!("mkdir -p {}", shell_quote(&self.workspace())),
+                &format!("mkdir -p {WORKSPACE_DIR}"),
                 &RunOpts {
                     timeout: Duration::from_secs(30),
                     max_output: 4096,
@@ -491,8 +491,7 @@ impl Project {
     pub fn exec(&self, command: &str, timeout: Duration) -> Result<ExecOutput, ProjectError> {
         let secs = timeout.as_secs().max(1);
         let script = format!(
-            "cd {} && timeout --kill-after={}s {secs}s bash --noprofile --norc -c {}",
-            shell_quote(&self.workspace()),
+            "cd {WORKSPACE_DIR} && timeout --kill-after={}s {secs}s bash --noprofile --norc -c {}",
             EXEC_KILL_AFTER.as_secs(),
             shell_quote(command)
         );

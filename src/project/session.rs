@@ -20,7 +20,7 @@ use crate::channel::{frame_type, Frame};
 use crate::environment::{default_tools, ToolOutput};
 use crate::episode::{error_chain, TokenMeter};
 use crate::provider::{ModelCall, Provider};
-use crate::runner::{shell_quote, RUNNER_DIR};
+use crate::runner::RUNNER_DIR;
 use crate::sandbox::{ErrorClass, SpawnOpts};
 use crate::task::Task;
 
@@ -203,7 +203,8 @@ fn one_turn(
 fn start_live_runner(project: &Project, opts: &TurnOptions) -> Result<DurableChannel, TurnError> {
     let sandbox = project.sandbox().clone();
     let dir = format!("{}/{RUNNER_DIR}", sandbox.home().trim_end_matches('/'));
-    let root = format!("{dir}/outbox-{}", crate::eval::new_episode_id());
+    let outbox = format!("outbox-{}", crate::eval::new_episode_id());
+    let root = format!("{dir}/{outbox}");
     let sandbox_err = |what: &str| {
         let what = what.to_string();
         move |source| TurnError::Project(ProjectError::Sandbox { what, source })
@@ -214,18 +215,15 @@ fn start_live_runner(project: &Project, opts: &TurnOptions) -> Result<DurableCha
     sandbox
         .write_file(&format!("{root}/head"), b"0\n")
         .map_err(sandbox_err("create the outbox"))?;
-    let cmd = format!(
-        "mkdir -p {frames} && cd {dir} && exec node live.mjs 2>> {log}",
-        frames = shell_quote(&format!("{root}/frames")),
-        dir = shell_quote(&dir),
-        log = shell_quote(&format!("{root}/stderr.log")),
-    );
+    // Paths in the command and the environment are relative to the runner directory (its
+    // working directory), so they hold wherever the backend keeps the sandbox's home.
+    let cmd = format!("mkdir -p {outbox}/frames && exec node live.mjs 2>> {outbox}/stderr.log");
     let process = sandbox
         .spawn(
             &cmd,
             &SpawnOpts {
                 cwd: Some(dir.clone()),
-                envs: vec![("WMO_LIVE_OUTBOX".into(), root.clone())],
+                envs: vec![("WMO_LIVE_OUTBOX".into(), outbox.clone())],
                 stdin: true,
             },
         )

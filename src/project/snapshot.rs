@@ -139,10 +139,11 @@ fn canonical(path: &str, max: usize) -> bool {
 impl Project {
     /// Harvests `dir` (a project path, or "." for the whole workspace).
     pub fn snapshot(&self, dir: &str, bounds: TreeBounds) -> Result<Snapshot, ProjectError> {
+        // Home-relative (the walker's working directory is home): see `runner::bootstrap`.
         let root = if dir == "." {
-            self.workspace()
+            super::WORKSPACE_DIR.to_string()
         } else {
-            format!("{}/{}", self.workspace(), super::project_path(dir)?)
+            format!("{}/{}", super::WORKSPACE_DIR, super::project_path(dir)?)
         };
         let cmd = format!(
             "node -e {} {} {} {} {}",

@@ -150,7 +150,9 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
         ));
     }
     // `exec` so the runner is the process the sandbox reports, and its exit code is ours.
-    let command = format!("cd {} && exec node runner.mjs", shell_quote(&dir));
+    // Command text never names absolute sandbox paths (the working directory is passed
+    // separately), so it reads the same wherever a backend keeps the sandbox's home.
+    let command = "exec node runner.mjs".to_string();
     let process = sandbox
         .spawn(
             &command,

@@ -240,9 +240,9 @@ impl Pool {
                 warm.sandbox.kill_process(p.pid)?;
             }
         }
-        let ws = self.workspace_of(warm.sandbox.as_ref());
+        // Relative to home (the default working directory): see `runner::bootstrap`.
         let out = warm.sandbox.run(
-            &format!("rm -rf {}", runner::shell_quote(&ws)),
+            &format!("rm -rf {}", runner::shell_quote(&self.config.workspace_dir)),
             &RunOpts {
                 timeout: Duration::from_secs(30),
                 max_output: 4096,

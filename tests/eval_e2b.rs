@@ -1,0 +1,172 @@
+//! `eval --backend e2b` end to end against a running `wmo-e2b emulator`: the real binary on
+//! both sides, E2B's wire protocol in between.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::Value;
+
+const KEY: &str = "e2b_0123456789abcdef0123456789abcdef01234567";
+
+struct Emulator {
+    child: Child,
+    url: String,
+}
+
+impl Emulator {
+    fn start(state: &Path, extra: &[&str]) -> Emulator {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wmo-e2b"))
+            .args([
+                "emulator",
+                "--listen",
+                "127.0.0.1:0",
+                "--api-key",
+                KEY,
+                "--json",
+            ])
+            .arg("--state-dir")
+            .arg(state)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+        Emulator {
+            url: v["url"].as_str().unwrap().to_string(),
+            child,
+        }
+    }
+
+    /// Sandboxes the emulator still runs.
+    fn live(&self) -> Vec<Value> {
+        let mut resp = ureq::get(&format!("{}/v2/sandboxes?limit=100", self.url))
+            .header("X-API-Key", KEY)
+            .call()
+            .unwrap();
+        resp.body_mut().read_json::<Vec<Value>>().unwrap()
+    }
+
+    fn stats(&self) -> Value {
+        let mut resp = ureq::get(&format!("{}/_emulator/stats", self.url))
+            .header("X-API-Key", KEY)
+            .call()
+            .unwrap();
+        resp.body_mut().read_json::<Value>().unwrap()
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        let _ = self.child.wait();
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+fn eval(dir: &Path, emu: &Emulator, tasks: &Path, extra: &[&str]) -> (Output, PathBuf) {
+    let out = dir.join(format!("out-{}", extra.len()));
+    let o = Command::new(env!("CARGO_BIN_EXE_wmo-e2b"))
+        .args(["eval", "--backend", "e2b", "--tasks"])
+        .arg(tasks)
+        .arg("--out")
+        .arg(&out)
+        .args(extra)
+        .env("WMO_E2B_HOME", dir.join("state"))
+        .env("E2B_API_KEY", KEY)
+        .env("E2B_API_URL", &emu.url)
+        .env("E2B_SANDBOX_URL", &emu.url)
+        .env_remove("E2B_DEBUG")
+        .output()
+        .unwrap();
+    (o, out)
+}
+
+fn results(out: &Path) -> Vec<Value> {
+    std::fs::read_to_string(out.join("results.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn the_example_tasks_pass_on_the_e2b_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(&dir.path().join("emu"), &[]);
+    let tasks = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tasks.jsonl");
+    let (o, out) = eval(dir.path(), &emu, &tasks, &["-j", "3"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let rs = results(&out);
+    assert_eq!(rs.len(), 5);
+    assert!(rs.iter().all(|r| r["status"] == "passed"), "{rs:?}");
+    assert!(emu.live().is_empty(), "{:?}", emu.live());
+}
+
+#[test]
+fn a_fault_injected_run_records_every_task_and_leaves_nothing_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(
+        &dir.path().join("emu"),
+        &[
+            "--fault",
+            "create-429=0.2,create-503=0.05,drop-stream=0.05,kill-fail=0.1",
+            "--seed",
+            "11",
+        ],
+    );
+    let lines: Vec<String> = (0..100)
+        .map(|i| {
+            format!(
+                r#"{{"id": "t{i:03}", "instruction": "x", "verify": "test -s f.txt", "model_script": [{{"tool_calls": [{{"name": "bash", "arguments": {{"command": "echo {i} > f.txt"}}}}]}}, {{"tool_calls": [{{"name": "submit", "arguments": {{"answer": "ok"}}}}]}}]}}"#
+            )
+        })
+        .collect();
+    let tasks = dir.path().join("tasks.jsonl");
+    std::fs::write(&tasks, lines.join("\n")).unwrap();
+    let (o, out) = eval(
+        dir.path(),
+        &emu,
+        &tasks,
+        &["-j", "8", "--transport-retries", "2"],
+    );
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", text(&o));
+    let rs = results(&out);
+    assert_eq!(rs.len(), 100, "{}", text(&o));
+    let mut ids: Vec<&str> = rs.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 100);
+    let passed = rs.iter().filter(|r| r["status"] == "passed").count();
+    assert!(passed >= 95, "only {passed} of 100 passed: {}", text(&o));
+    let stats = emu.stats();
+    let retried: u64 = rs
+        .iter()
+        .map(|r| r["retries"]["transport"].as_u64().unwrap())
+        .sum();
+    let dropped = stats["faults"]["drop-stream"].as_u64().unwrap_or(0);
+    assert!(dropped > 0, "no stream was dropped: {stats}");
+    assert!(retried > 0, "dropped streams were not retried: {stats}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["transport_retries"].as_u64().unwrap(), retried);
+    assert!(emu.live().is_empty(), "{:?}", emu.live());
+}
