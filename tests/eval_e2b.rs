@@ -170,3 +170,21 @@ fn a_fault_injected_run_records_every_task_and_leaves_nothing_running() {
     assert_eq!(summary["transport_retries"].as_u64().unwrap(), retried);
     assert!(emu.live().is_empty(), "{:?}", emu.live());
 }
+
+#[test]
+fn the_pi_harness_is_installed_inside_e2b_sandboxes() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(&dir.path().join("emu"), &[]);
+    let tasks = dir.path().join("tasks.jsonl");
+    std::fs::write(
+        &tasks,
+        r#"{"id": "pi", "instruction": "x", "model_script": [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}]}, {"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]}]}"#,
+    )
+    .unwrap();
+    let (o, out) = eval(dir.path(), &emu, &tasks, &["--harness", "pi"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r = &results(&out)[0];
+    assert_eq!(r["status"], "passed", "{r}");
+    assert_eq!(r["turns"], 2, "{r}");
+    assert!(emu.live().is_empty());
+}

@@ -155,14 +155,19 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         }
     };
 
-    let pi_modules = match harness {
-        Harness::Pi => Some(
+    // Local sandboxes share one install on the host; remote ones get pi inside themselves
+    // (prebaked by the template recipe, or installed at bootstrap).
+    let pi_on_host = matches!(harness, Harness::Pi) && args.backend == BackendKind::Local;
+    let pi_modules = if pi_on_host {
+        Some(
             wmo_e2b::runner::pi::ensure_installed(&wmo_e2b::state::state_dir())
                 .context("cannot install the pi agent packages")?
                 .modules_dir,
-        ),
-        _ => None,
+        )
+    } else {
+        None
     };
+    let pi_in_sandbox = matches!(harness, Harness::Pi) && !pi_on_host;
     let run_id = out_dir
         .file_name()
         .map_or_else(|| "eval".to_string(), |n| n.to_string_lossy().into_owned());
@@ -194,6 +199,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             bootstrap: BootstrapOpts {
                 hello_timeout: args.hello_timeout,
                 pi_modules,
+                pi_in_sandbox,
                 ..BootstrapOpts::default()
             },
             workspace_dir: "workspace".into(),

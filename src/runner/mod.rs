@@ -100,6 +100,11 @@ pub struct BootstrapOpts {
     /// sandbox sees it. When set, the bootstrap uploads [`pi::PI_HARNESS_JS`] next to the
     /// runner and passes the directory as `WMO_PI_MODULES`, enabling `"harness": "pi"`.
     pub pi_modules: Option<PathBuf>,
+    /// Without `pi_modules`: make pi available inside the sandbox itself (a template that
+    /// prebaked it at [`pi::TEMPLATE_PI_MODULES`] is used as is; otherwise npm installs it
+    /// into the runner directory once per sandbox). For backends whose sandboxes cannot see
+    /// the host's install cache.
+    pub pi_in_sandbox: bool,
 }
 
 impl Default for BootstrapOpts {
@@ -109,6 +114,7 @@ impl Default for BootstrapOpts {
             renewal: None,
             envs: Vec::new(),
             pi_modules: None,
+            pi_in_sandbox: false,
         }
     }
 }
@@ -136,7 +142,14 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
             source,
         })?;
     let mut envs = opts.envs.clone();
-    if let Some(modules) = &opts.pi_modules {
+    let in_sandbox = match (&opts.pi_modules, opts.pi_in_sandbox) {
+        (None, true) => Some(PathBuf::from(pi::install_in_sandbox(
+            sandbox.as_ref(),
+            &dir,
+        )?)),
+        _ => None,
+    };
+    if let Some(modules) = opts.pi_modules.as_ref().or(in_sandbox.as_ref()) {
         let harness = format!("{dir}/{}", pi::PI_HARNESS_FILE);
         sandbox
             .write_file(&harness, pi::PI_HARNESS_JS.as_bytes())
@@ -191,7 +204,7 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
                 .map_or_else(|| "none".to_string(), |v| v.to_string()),
         });
     }
-    if opts.pi_modules.is_some() && hello.get("pi_version").is_none() {
+    if (opts.pi_modules.is_some() || opts.pi_in_sandbox) && hello.get("pi_version").is_none() {
         let _ = sandbox.kill_process(pid);
         return Err(RunnerError::PiUnavailable {
             id,
