@@ -188,3 +188,121 @@ fn the_pi_harness_is_installed_inside_e2b_sandboxes() {
     assert_eq!(r["turns"], 2, "{r}");
     assert!(emu.live().is_empty());
 }
+
+fn wmo(dir: &Path, emu: &Emulator, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wmo-e2b"))
+        .args(args)
+        .env("WMO_E2B_HOME", dir.join("state"))
+        .env("E2B_API_KEY", KEY)
+        .env("E2B_API_URL", &emu.url)
+        .env("E2B_SANDBOX_URL", &emu.url)
+        .output()
+        .unwrap()
+}
+
+fn slow_tasks(dir: &Path, n: usize, delay_ms: u64) -> PathBuf {
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"id": "t{i:03}", "instruction": "x", "model_script": [{{"delay_ms": {delay_ms}, "tool_calls": [{{"name": "bash", "arguments": {{"command": "true"}}}}]}}, {{"tool_calls": [{{"name": "submit", "arguments": {{"answer": "ok"}}}}]}}]}}"#
+            )
+        })
+        .collect();
+    let p = dir.join("slow.jsonl");
+    std::fs::write(&p, lines.join("\n")).unwrap();
+    p
+}
+
+fn spawn_eval(dir: &Path, emu: &Emulator, tasks: &Path, out: &Path, jobs: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_wmo-e2b"))
+        .args(["eval", "--backend", "e2b", "-j", jobs, "--tasks"])
+        .arg(tasks)
+        .arg("--out")
+        .arg(out)
+        .env("WMO_E2B_HOME", dir.join("state"))
+        .env("E2B_API_KEY", KEY)
+        .env("E2B_API_URL", &emu.url)
+        .env("E2B_SANDBOX_URL", &emu.url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn reap_cleans_up_after_a_sigkilled_e2b_eval_and_spares_a_live_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(&dir.path().join("emu"), &[]);
+    let tasks = slow_tasks(dir.path(), 40, 1500);
+    let out = dir.path().join("crashed");
+    let mut child = spawn_eval(dir.path(), &emu, &tasks, &out, "8");
+    wait_until("a result", || !results(&out).is_empty());
+    child.kill().unwrap(); // SIGKILL: nothing is cleaned up.
+    child.wait().unwrap();
+    let before = results(&out);
+    let leaked = emu.live().len();
+    assert!(leaked > 0, "the crash leaked nothing");
+
+    // A second, live run on the same state dir is never touched by the reap.
+    let live_out = dir.path().join("live");
+    let quick = slow_tasks(dir.path(), 16, 200);
+    let mut live = spawn_eval(dir.path(), &emu, &quick, &live_out, "4");
+    wait_until("the live run's sandboxes", || emu.live().len() > leaked);
+
+    let o = wmo(dir.path(), &emu, &["reap", "--backend", "e2b", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let killed = report["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["result"] == "killed")
+        .count();
+    assert_eq!(killed, leaked, "{report}");
+
+    assert_eq!(
+        live.wait().unwrap().code(),
+        Some(0),
+        "the live run was disturbed"
+    );
+    let rs = results(&live_out);
+    assert_eq!(rs.len(), 16);
+    assert!(
+        rs.iter()
+            .all(|r| r["status"] == "passed" && r["attempts"] == 1),
+        "{rs:?}"
+    );
+    assert!(emu.live().is_empty(), "{:?}", emu.live());
+    assert_eq!(results(&out), before, "finished results changed");
+
+    // Reaping again reaches the same end state.
+    let o = wmo(dir.path(), &emu, &["reap", "--backend", "e2b"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("nothing to reap"),
+        "{}",
+        text(&o)
+    );
+    let o = wmo(
+        dir.path(),
+        &emu,
+        &["sandbox", "list", "--backend", "e2b", "--json"],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "[]",
+        "{}",
+        text(&o)
+    );
+}
