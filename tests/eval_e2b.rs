@@ -306,3 +306,78 @@ fn reap_cleans_up_after_a_sigkilled_e2b_eval_and_spares_a_live_one() {
         text(&o)
     );
 }
+
+#[test]
+fn a_project_on_e2b_survives_a_runner_stream_dropped_mid_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every runner's output stream is cut after a few events, mid-turn.
+    let emu = Emulator::start(
+        &dir.path().join("emu"),
+        &["--fault", "drop-stdin-stream-after=6"],
+    );
+    // Only create names the backend; later commands use the project's own.
+    let p = |args: &[&str]| {
+        let mut all = vec!["project"];
+        all.extend_from_slice(args);
+        wmo(dir.path(), &emu, &all)
+    };
+    let o = p(&["create", "demo", "--backend", "e2b"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let seed = dir.path().join("seed.txt");
+    std::fs::write(&seed, "seeded\n").unwrap();
+    let o = p(&[
+        "put",
+        "demo",
+        "notes/seed.txt",
+        "--from",
+        seed.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = p(&["exec", "demo", "--", "cat notes/seed.txt; exit 4"]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "seeded\n");
+
+    let script = dir.path().join("script.json");
+    std::fs::write(
+        &script,
+        serde_json::json!([
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "out/a.txt", "content": "A"}}]},
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "out/b.txt", "content": "B"}}]},
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes/seed.txt"}}]},
+            {"tool_calls": [{"name": "submit", "arguments": {"answer": "wrote a and b"}}]}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let o = p(&[
+        "run",
+        "demo",
+        "--instruction",
+        "write a and b",
+        "--script",
+        script.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = &v["result"];
+    assert_eq!(r["answer"], "wrote a and b", "{v}");
+    assert_eq!(r["stream_lost"], true, "the stream was never dropped: {v}");
+    assert!(r["frames_from_disk"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(r["attempts"], 1, "the turn was replayed: {v}");
+    assert_eq!(r["tokens"]["calls"], 4, "model calls were repeated: {v}");
+
+    let o = p(&["snapshot", "demo", "out", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let snap: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let files: Vec<(&str, &str)> = snap["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap(), f["content"].as_str().unwrap()))
+        .collect();
+    assert_eq!(files, [("a.txt", "A"), ("b.txt", "B")]);
+    let o = p(&["close", "demo"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(emu.live().is_empty(), "{:?}", emu.live());
+}

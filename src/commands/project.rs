@@ -37,8 +37,9 @@ pub enum ProjectCommand {
     /// Kill the project's sandbox and forget the project.
     Close {
         name: String,
-        #[arg(long, value_enum, default_value = "local")]
-        backend: BackendKind,
+        /// Default: the backend the project was created on.
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
     },
     /// Write a file into the project (from --from FILE, or stdin with `--from -`).
     Put {
@@ -46,23 +47,26 @@ pub enum ProjectCommand {
         path: String,
         #[arg(long, default_value = "-")]
         from: String,
-        #[arg(long, value_enum, default_value = "local")]
-        backend: BackendKind,
+        /// Default: the backend the project was created on.
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
     },
     /// Print a file of the project (falls back to the host mirror if the sandbox cannot).
     Get {
         name: String,
         path: String,
-        #[arg(long, value_enum, default_value = "local")]
-        backend: BackendKind,
+        /// Default: the backend the project was created on.
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
     },
     /// Run a command with bash in the project workspace; exits with its exit code.
     Exec {
         name: String,
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         timeout: Duration,
-        #[arg(long, value_enum, default_value = "local")]
-        backend: BackendKind,
+        /// Default: the backend the project was created on.
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<String>,
     },
@@ -77,8 +81,9 @@ pub enum ProjectCommand {
         max_files: usize,
         #[arg(long, default_value_t = 8 << 20)]
         max_bytes: u64,
-        #[arg(long, value_enum, default_value = "local")]
-        backend: BackendKind,
+        /// Default: the backend the project was created on.
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
     },
     /// Run one agent turn in the project (tools answered on the host; network locked).
     Run {
@@ -110,8 +115,9 @@ pub enum ProjectCommand {
         events: Option<PathBuf>,
         #[arg(long)]
         json: bool,
-        #[arg(long, value_enum, default_value = "local")]
-        backend: BackendKind,
+        /// Default: the backend the project was created on.
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
     },
     /// Harvest a project directory as a bounded source tree.
     Snapshot {
@@ -128,8 +134,9 @@ pub enum ProjectCommand {
         max_files: usize,
         #[arg(long, default_value_t = 8 << 20)]
         max_bytes: u64,
-        #[arg(long, value_enum, default_value = "local")]
-        backend: BackendKind,
+        /// Default: the backend the project was created on.
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
     },
 }
 
@@ -143,7 +150,22 @@ fn leased(kind: BackendKind, name: &str) -> Result<Arc<dyn Backend>> {
     )))
 }
 
-fn open(kind: BackendKind, name: &str) -> Result<Project> {
+/// The backend a project command works on: the one given, else the project's own.
+fn backend_of(name: &str, given: Option<BackendKind>) -> BackendKind {
+    given.unwrap_or_else(|| {
+        let recorded = project::list(&wmo_e2b::state::state_dir())
+            .into_iter()
+            .find(|p| p.name == name)
+            .map(|p| p.backend);
+        match recorded.as_deref() {
+            Some("e2b") => BackendKind::E2b,
+            _ => BackendKind::Local,
+        }
+    })
+}
+
+fn open(kind: Option<BackendKind>, name: &str) -> Result<Project> {
+    let kind = backend_of(name, kind);
     let mut p = Project::open(&wmo_e2b::state::state_dir(), name, leased(kind, name)?)
         .map_err(user_facing)?;
     for n in p.take_notices() {

@@ -31,11 +31,14 @@ pub struct FaultSpec {
     pub kill_fail: f64,
     /// Delay before every create answer.
     pub create_delay: Duration,
+    /// Cut every stream of a process started with stdin (a runner) after this many events:
+    /// a deterministic mid-session drop for tests of durable channels.
+    pub drop_stdin_stream_after: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum FaultSpecError {
-    #[error("unknown fault {0:?} (known: create-429, create-503, drop-stream, kill-fail, create-delay-ms)")]
+    #[error("unknown fault {0:?} (known: create-429, create-503, drop-stream, kill-fail, create-delay-ms, drop-stdin-stream-after)")]
     Unknown(String),
     #[error("fault {name}: {value:?} is not a number")]
     NotANumber { name: String, value: String },
@@ -80,6 +83,9 @@ impl FromStr for FaultSpec {
                     // At most an hour: a longer delay is a typo, not a test.
                     spec.create_delay = Duration::from_millis(number(Some(3_600_000.0))? as u64)
                 }
+                "drop-stdin-stream-after" => {
+                    spec.drop_stdin_stream_after = Some(number(Some(1_000_000.0))? as u32)
+                }
                 other => return Err(FaultSpecError::Unknown(other.to_string())),
             }
         }
@@ -100,7 +106,11 @@ impl fmt::Display for FaultSpec {
             self.drop_stream,
             self.kill_fail,
             self.create_delay.as_millis()
-        )
+        )?;
+        if let Some(n) = self.drop_stdin_stream_after {
+            write!(f, ",drop-stdin-stream-after={n}")?;
+        }
+        Ok(())
     }
 }
 
@@ -188,12 +198,16 @@ impl Faults {
 
     /// For a stream about to start: `Some(n)` cuts it after the start event and at most `n`
     /// further events (0..=2), before any end event.
-    pub fn drop_stream(&self) -> Option<u32> {
+    pub fn drop_stream(&self, stdin: bool) -> Option<u32> {
         let (u, after) = {
             let mut rng = lock(&self.stream);
             // Always two draws, so the sequence does not depend on the outcomes.
             (rng.unit(), (rng.next_u64() % 3) as u32)
         };
+        if let (true, Some(n)) = (stdin, self.spec.drop_stdin_stream_after) {
+            self.drop_stream.fetch_add(1, Ordering::SeqCst);
+            return Some(n);
+        }
         if u < self.spec.drop_stream {
             self.drop_stream.fetch_add(1, Ordering::SeqCst);
             Some(after)
@@ -273,7 +287,7 @@ mod tests {
             let f = Faults::new(spec.clone(), seed);
             let creates: Vec<_> = (0..64).map(|_| f.create()).collect();
             let kills: Vec<_> = (0..64).map(|_| f.kill_fail()).collect();
-            let drops: Vec<_> = (0..64).map(|_| f.drop_stream()).collect();
+            let drops: Vec<_> = (0..64).map(|_| f.drop_stream(false)).collect();
             (creates, kills, drops)
         };
         assert_eq!(run(7), run(7));

@@ -260,6 +260,8 @@ fn send(out: &mut Responder<'_>, resp: Response) {
 /// What a stream needs once its subscription is set up.
 struct StreamPlan {
     pid: u32,
+    /// Whether the process was started with stdin (a long-lived runner, typically).
+    stdin: bool,
     sub: Subscription,
     /// The `Connect-Timeout-Ms` deadline of this call.
     deadline: Option<Instant>,
@@ -376,7 +378,7 @@ fn pump(
     opts: &StreamOpts,
 ) -> std::io::Result<Pumped> {
     // A dropped stream delivers the start and at most `n` more events, then is cut.
-    let mut budget = shared.faults.drop_stream();
+    let mut budget = shared.faults.drop_stream(plan.stdin);
     w.send(&message_envelope(
         &json!({"event": {"start": {"pid": plan.pid}}}),
     ))?;
@@ -593,6 +595,7 @@ fn start(
     }
     Ok(StreamPlan {
         pid,
+        stdin,
         sub,
         deadline: opts.deadline,
     })
@@ -608,6 +611,7 @@ fn connect(
     let hub = select_process(entry, msg, false)?;
     Ok(StreamPlan {
         pid: hub.pid,
+        stdin: hub.stdin_open.load(Ordering::SeqCst),
         sub: hub.subscribe(),
         deadline: opts.deadline,
     })
