@@ -5,6 +5,7 @@
 
 pub mod cancel;
 pub mod channel;
+pub mod civil;
 pub mod emulator;
 pub mod environment;
 pub mod episode;

@@ -367,20 +367,14 @@ fn parse_http_date(s: &str) -> Option<SystemTime> {
     if !(1..=31).contains(&day) || *h > 23 || *m > 59 || *sec > 60 || year < 1970 {
         return None;
     }
-    let days = u64::try_from(days_from_civil(year, month, day)).ok()?;
+    let days = u64::try_from(crate::civil::days_from_civil(
+        year,
+        i64::from(month),
+        i64::from(day),
+    ))
+    .ok()?;
     let secs = days * 86_400 + h * 3_600 + m * 60 + sec;
     UNIX_EPOCH.checked_add(Duration::from_secs(secs))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(month);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// The waits between attempts: `base`, `2·base`, `4·base`… capped at `MAX_BACKOFF`, each
