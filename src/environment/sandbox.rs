@@ -112,18 +112,7 @@ impl SandboxEnvironment {
                 }
             }
         }
-        let mut merged = Captured::default();
-        for part in [&stdout, &stderr] {
-            merged.push(&part.head, MAX_TOOL_OUTPUT);
-            if part.dropped > 0 {
-                merged.push(
-                    format!("\n... [{} bytes truncated] ...\n", part.dropped).as_bytes(),
-                    MAX_TOOL_OUTPUT,
-                );
-            }
-            merged.push(&part.tail, MAX_TOOL_OUTPUT);
-        }
-        let mut content = merged.to_text();
+        let mut content = Captured::merged(&[&stdout, &stderr], MAX_TOOL_OUTPUT).to_text();
         let timed_out = timed_out || matches!(exit, Some(124) | Some(137));
         match exit {
             _ if timed_out => content.push_str(&format!("\n[timed out after {secs}s]")),

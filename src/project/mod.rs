@@ -506,17 +506,7 @@ impl Project {
                 },
             )
             .map_err(ProjectError::sandbox("run the command"))?;
-        let mut merged = Captured::default();
-        for part in [&out.stdout, &out.stderr] {
-            merged.push(&part.head, MAX_EXEC_OUTPUT);
-            if part.dropped > 0 {
-                merged.push(
-                    format!("\n... [{} bytes truncated] ...\n", part.dropped).as_bytes(),
-                    MAX_EXEC_OUTPUT,
-                );
-            }
-            merged.push(&part.tail, MAX_EXEC_OUTPUT);
-        }
+        let merged = Captured::merged(&[&out.stdout, &out.stderr], MAX_EXEC_OUTPUT);
         let timed_out = out.timed_out || out.exit_code == Some(124);
         Ok(ExecOutput {
             exit_code: out.exit_code,

@@ -153,6 +153,23 @@ impl Captured {
         out
     }
 
+    /// Several captured streams as one, in order, bounded by `max` as head + tail; each
+    /// part's own truncation stays marked.
+    pub fn merged(parts: &[&Captured], max: usize) -> Captured {
+        let mut out = Captured::default();
+        for part in parts {
+            out.push(&part.head, max);
+            if part.dropped > 0 {
+                out.push(
+                    format!("\n... [{} bytes truncated] ...\n", part.dropped).as_bytes(),
+                    max,
+                );
+            }
+            out.push(&part.tail, max);
+        }
+        out
+    }
+
     pub fn is_empty(&self) -> bool {
         self.head.is_empty() && self.tail.is_empty()
     }
