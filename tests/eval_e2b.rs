@@ -377,6 +377,32 @@ fn a_project_on_e2b_survives_a_runner_stream_dropped_mid_turn() {
         .map(|f| (f["path"].as_str().unwrap(), f["content"].as_str().unwrap()))
         .collect();
     assert_eq!(files, [("a.txt", "A"), ("b.txt", "B")]);
+
+    // The same rejections as on the local backend.
+    let o = p(&["put", "demo", "../escape", "--from", seed.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = p(&["get", "demo", "/etc/passwd"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    for (make, needle) in [
+        ("ln -s /etc/passwd out/link", "link (symlink)"),
+        ("rm out/link; mkfifo out/pipe", "pipe (fifo)"),
+        (
+            "rm out/pipe; printf '\\377' > out/bin.dat",
+            "bin.dat is not valid UTF-8",
+        ),
+    ] {
+        let o = p(&["exec", "demo", "--", make]);
+        assert_eq!(o.status.code(), Some(0), "{make}: {}", text(&o));
+        let o = p(&["snapshot", "demo", "out"]);
+        assert_eq!(o.status.code(), Some(2), "{make}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(needle),
+            "{make}: {}",
+            text(&o)
+        );
+    }
+    let o = p(&["snapshot", "demo", "out", "--max-files", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let o = p(&["close", "demo"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(emu.live().is_empty(), "{:?}", emu.live());
