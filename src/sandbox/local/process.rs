@@ -257,12 +257,12 @@ struct Started {
 fn command(state: &SandboxState, l: &Launch, netlock: Option<&str>) -> Command {
     let mut c = match netlock {
         Some(flag) => {
-            let mut c = Command::new("unshare");
+            let mut c = Command::new(sys::program("unshare"));
             c.args([flag, "--", "bash", "-c", NETLOCKED_SHELL, "bash", l.cmd]);
             c
         }
         None => {
-            let mut c = Command::new("bash");
+            let mut c = Command::new(sys::program("bash"));
             c.args(["-c", l.cmd]);
             c
         }
