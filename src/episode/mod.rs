@@ -413,7 +413,24 @@ impl Broker<'_, '_> {
 
     fn send(&mut self, frame: &Value) -> Result<(), EpisodeError> {
         if let Value::Object(map) = frame {
-            self.ep.transcript.record("host", map);
+            match map.get("files").and_then(Value::as_object) {
+                // Harness files are the same every episode: the transcript notes their size
+                // rather than copying them again (hundreds of KB per episode otherwise).
+                Some(files) if !files.is_empty() => {
+                    let mut brief: Map<String, Value> = map
+                        .iter()
+                        .filter(|(k, _)| k.as_str() != "files")
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    let bytes: usize = files.values().filter_map(Value::as_str).map(str::len).sum();
+                    brief.insert(
+                        "files".into(),
+                        json!({"count": files.len(), "bytes": bytes, "paths": files.keys().collect::<Vec<_>>()}),
+                    );
+                    self.ep.transcript.record("host", &brief);
+                }
+                _ => self.ep.transcript.record("host", map),
+            }
         }
         self.channel.send(frame).map_err(|e| self.channel_error(e))
     }

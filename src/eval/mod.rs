@@ -543,33 +543,52 @@ fn prepare_workspace(
         reason: format!("{what}: {}", error_chain(e)),
         partial: progress.clone(),
     };
+    let mut paths = Vec::with_capacity(task.files.len());
     for (rel, content) in &task.files {
-        let path = match crate::sandbox::contained_path(ws, rel) {
-            Ok(p) => p,
+        match crate::sandbox::contained_path(ws, rel) {
+            Ok(p) => paths.push((p, content)),
             Err(e) => return Err((setup_error(task, progress, attempt, error_chain(&e)), true)),
-        };
-        if let Err(e) = sandbox.write_file(&path, content.as_bytes()) {
-            return Err((transport(&e, "writing task files"), false));
         }
     }
-    // The workspace is created from home, by its home-relative name, then setup runs in it.
-    let rel = ws
-        .strip_prefix(sandbox.home().trim_end_matches('/'))
-        .unwrap_or(ws)
-        .trim_start_matches('/');
-    let setup = format!(
-        "mkdir -p {ws} && cd {ws} && {}",
-        task.setup.as_deref().unwrap_or("true"),
-        ws = shell_quote(rel)
+    // The workspace is recreated empty from home, by its home-relative name (command text
+    // names no absolute sandbox path). Without files, setup runs in the same command.
+    let rel = shell_quote(
+        ws.strip_prefix(sandbox.home().trim_end_matches('/'))
+            .unwrap_or(ws)
+            .trim_start_matches('/'),
     );
-    let setup_out = sandbox.run(
-        &setup,
-        &RunOpts {
-            timeout: wall,
-            max_output: SETUP_TAIL,
-            ..RunOpts::default()
-        },
-    );
+    let fresh = format!("rm -rf {rel} && mkdir -p {rel}");
+    let setup = task.setup.as_deref().map(|s| format!("cd {rel} && {s}"));
+    let opts = RunOpts {
+        timeout: wall,
+        max_output: SETUP_TAIL,
+        ..RunOpts::default()
+    };
+    let setup_out = if paths.is_empty() {
+        let all = match &setup {
+            Some(s) => format!("{fresh} && {s}"),
+            None => fresh,
+        };
+        sandbox.run(&all, &opts)
+    } else {
+        match sandbox.run(&fresh, &opts) {
+            Ok(out) if out.exit_code == Some(0) => {}
+            Ok(out) => {
+                let detail = format!("cannot create the workspace: {}", out.stderr.to_text());
+                return Err((setup_error(task, progress, attempt, detail), false));
+            }
+            Err(e) => return Err((transport(&e, "creating the workspace"), false)),
+        }
+        for (path, content) in &paths {
+            if let Err(e) = sandbox.write_file(path, content.as_bytes()) {
+                return Err((transport(&e, "writing task files"), false));
+            }
+        }
+        match &setup {
+            Some(s) => sandbox.run(s, &opts),
+            None => return Ok(()),
+        }
+    };
     match setup_out {
         Ok(out) if out.exit_code == Some(0) => Ok(()),
         Ok(out) => {

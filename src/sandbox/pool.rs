@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Backend, CreateSpec, Killed, RunOpts, Sandbox, SandboxError};
+use super::{Backend, CreateSpec, Killed, Sandbox, SandboxError};
 use crate::channel::{LeaseRenewal, StdioChannel};
 use crate::runner::{self, BootstrapOpts, RunnerError};
 
@@ -41,7 +41,8 @@ pub struct PoolConfig {
     pub lease: Duration,
     pub lifetime: Duration,
     pub bootstrap: BootstrapOpts,
-    /// The directory under `home()` that episodes work in; wiped at every release.
+    /// The directory under `home()` that episodes work in; the job recreates it empty before
+    /// each use (one command instead of a wipe at release plus a create at acquire).
     pub workspace_dir: String,
 }
 
@@ -240,24 +241,7 @@ impl Pool {
                 warm.sandbox.kill_process(p.pid)?;
             }
         }
-        // Relative to home (the default working directory): see `runner::bootstrap`.
-        let out = warm.sandbox.run(
-            &format!("rm -rf {}", runner::shell_quote(&self.config.workspace_dir)),
-            &RunOpts {
-                timeout: Duration::from_secs(30),
-                max_output: 4096,
-                ..RunOpts::default()
-            },
-        )?;
-        if out.exit_code == Some(0) {
-            Ok(())
-        } else {
-            Err(SandboxError::Remote {
-                class: super::ErrorClass::Transport,
-                message: format!("wiping the workspace failed: {}", out.stderr.to_text()),
-                source: None,
-            })
-        }
+        Ok(())
     }
 
     /// Kills a sandbox with retries; its lease is closed only once the kill is proven.

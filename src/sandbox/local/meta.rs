@@ -122,8 +122,12 @@ pub(super) fn read_proc_records(procs_dir: &Path) -> io::Result<Vec<ProcRecord>>
 }
 
 /// Writes `dir/name` so that readers see the old file or the new one, never a mix: a temp
-/// file in the same directory, fsynced, then renamed over. Fails with NotFound when `dir` is
-/// gone, which is how a write learns that its sandbox was killed meanwhile.
+/// file in the same directory, renamed over. Fails with NotFound when `dir` is gone, which is
+/// how a write learns that its sandbox was killed meanwhile.
+///
+/// No fsync: the rename is what makes readers safe, and these records only matter while the
+/// machine is up (after a power loss every local sandbox process is gone anyway). Syncing cost
+/// a disk flush on every deadline change and process start.
 pub(super) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     let tmp = dir.join(format!(".{name}.{}.tmp", random_hex(6)?));
     let result = (|| {
@@ -133,7 +137,6 @@ pub(super) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<(
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
         fs::rename(&tmp, dir.join(name))
     })();
     if result.is_err() {
