@@ -15,6 +15,12 @@
 // pi agent loop from pi_harness.mjs (next to this file), enabled when
 // WMO_PI_MODULES names a node_modules directory holding the pi packages. pi is
 // imported at the first pi episode, never before hello.
+//
+// A user harness is content-addressed: each distinct file set is written once
+// to <cwd>/.wmo-harness/<hash>/ and its agent.mjs imported once, then reused by
+// every episode carrying the same files (Node never frees an imported ES
+// module, so importing it afresh per episode would leak its whole module graph
+// every episode). .wmo-harness is removed when the runner exits.
 
 // ---------------------------------------------------------------------------
 // stdout hygiene: keep the real stdout writer for frames, send everything
@@ -88,6 +94,17 @@ var pending = new Map(); // req_id -> {kind, episode, resolve, reject}
 var current = null; // the running episode, if any
 var startCwd = process.cwd();
 var lazyMods = null;
+// User harnesses: sha256 hex of the file set -> {dir, url, loading}; `loading`
+// is the promise of the imported agent.mjs namespace, null until imported (or
+// after a failed import, so the next episode tries again).
+var harnesses = new Map();
+var harnessDirNames = new Map(); // directory name under .wmo-harness -> sha256 hex
+var harnessRoot = null; // <cwd>/.wmo-harness once this runner has created it
+var HARNESS_ROOT_NAME = ".wmo-harness";
+var HARNESS_HASH_CHARS = 16; // of the sha256 hex, for the directory name
+// Past this many distinct harnesses the runner keeps going, but says on stderr
+// that each new one stays in memory (and on disk) for the runner's lifetime.
+var HARNESS_SOFT_CAP = 16;
 var piUnavailable = null; // why the pi harness cannot run here, if it cannot
 var piLoading = null; // promise of the loaded pi_harness.mjs module
 
@@ -254,7 +271,6 @@ function onEpisodeStart(frame) {
     id: id,
     ended: false,
     turns: 0,
-    dir: null,
     keepalive: null,
     start: {
       harness: typeof frame.harness === "string" ? frame.harness : null,
@@ -304,8 +320,6 @@ async function driveEpisode(episode) {
     // defensive: every harness path ends the episode, but never leave it hanging
     await endEpisode(episode, { type: "episode_error", episode_id: episode.id, note: "the harness finished without a result" });
   }
-  // A user harness may keep writing after it submitted; remove what it left.
-  if (episode.dir !== null) await removeDir(episode.dir);
   episode.start = null;
 }
 
@@ -314,7 +328,8 @@ function errorNote(e) {
 }
 
 // Ends the episode exactly once: stops the keepalive, fails its outstanding
-// requests, removes its directory, then sends the final frame.
+// requests, then sends the final frame. (A user harness's directory outlives
+// the episode: it is shared by every episode with the same files.)
 async function endEpisode(episode, frame) {
   if (episode.ended) return;
   episode.ended = true;
@@ -329,7 +344,6 @@ async function endEpisode(episode, frame) {
     }
   });
   if (current === episode) current = null;
-  if (episode.dir !== null) await removeDir(episode.dir);
   send(frame);
 }
 
@@ -562,23 +576,15 @@ async function loadLazyMods() {
       import("node:path"),
       import("node:url"),
       import("node:fs"),
+      import("node:crypto"),
     ]);
-    lazyMods = { fs: loaded[0], path: loaded[1], url: loaded[2], fsSync: loaded[3] };
+    lazyMods = { fs: loaded[0], path: loaded[1], url: loaded[2], fsSync: loaded[3], crypto: loaded[4] };
   }
   return lazyMods;
 }
 
-async function removeDir(dir) {
-  try {
-    var m = await loadLazyMods();
-    await m.fs.rm(dir, { recursive: true, force: true });
-  } catch (e) {
-    diag("could not remove " + dir + ": " + String(e));
-  }
-}
-
-// Returns [absolutePath, rel] pairs or throws an Error naming the bad path.
-function planFiles(path, epDir, files) {
+// Returns [absolutePath, content] pairs or throws an Error naming the bad path.
+function planFiles(path, baseDir, files) {
   var plan = [];
   var rels = Object.keys(files);
   for (var i = 0; i < rels.length; i++) {
@@ -591,8 +597,8 @@ function planFiles(path, epDir, files) {
     else if (rel.split(/[\\/]+/).indexOf("..") !== -1) why = "the path has a '..' component";
     var abs = null;
     if (why === null) {
-      abs = path.resolve(epDir, rel);
-      if (abs === epDir || abs.indexOf(epDir + path.sep) !== 0) why = "the path resolves outside the episode directory";
+      abs = path.resolve(baseDir, rel);
+      if (abs === baseDir || abs.indexOf(baseDir + path.sep) !== 0) why = "the path resolves outside the harness directory";
     }
     if (why === null && typeof content !== "string") why = "its content is not a string";
     if (why !== null) throw new Error("refusing file " + JSON.stringify(rel) + ": " + why);
@@ -601,28 +607,116 @@ function planFiles(path, epDir, files) {
   return plan;
 }
 
-function safeEpisodeId(id) {
-  return id.length <= 200 && id !== "." && id !== ".." && !/[\\/\0]/.test(id);
+// sha256 (hex) of a file set: its paths in sorted order, each with its content.
+// Every field is delimited unambiguously (the path JSON-quoted, the content
+// length-prefixed), so two different file sets never feed the same bytes.
+// Contents are hashed as the UTF-8 bytes written to disk. Non-string contents
+// are left out: planFiles refuses such a set anyway.
+function hashFiles(crypto, files) {
+  var rels = Object.keys(files).sort();
+  var h = crypto.createHash("sha256");
+  h.update("wmo-harness/1\n");
+  for (var i = 0; i < rels.length; i++) {
+    var content = files[rels[i]];
+    var text = typeof content === "string" ? content : "";
+    h.update(JSON.stringify(rels[i]) + "\n" + text.length + "\n");
+    h.update(text, "utf8");
+  }
+  return h.digest("hex");
 }
 
-async function runUserHarness(episode) {
-  var s = episode.start;
-  if (!safeEpisodeId(episode.id)) {
-    throw new Error("episode_id " + JSON.stringify(episode.id) + " cannot be used as a directory name");
-  }
-  var m = await loadLazyMods();
-  var epDir = m.path.join(startCwd, "ep-" + episode.id);
-  var plan = planFiles(m.path, epDir, s.files); // validate everything before writing anything
-  episode.dir = epDir;
-  await m.fs.rm(epDir, { recursive: true, force: true });
-  await m.fs.mkdir(epDir, { recursive: true });
+async function writePlan(m, dir, plan) {
+  await m.fs.rm(dir, { recursive: true, force: true });
+  await m.fs.mkdir(dir, { recursive: true });
   for (var i = 0; i < plan.length; i++) {
     await m.fs.mkdir(m.path.dirname(plan[i][0]), { recursive: true });
     await m.fs.writeFile(plan[i][0], plan[i][1], "utf8");
   }
+}
 
-  var url = m.url.pathToFileURL(m.path.join(epDir, "agent.mjs")).href + "?ep=" + encodeURIComponent(episode.id);
-  var mod = await import(url);
+async function exists(m, file) {
+  try {
+    await m.fs.stat(file);
+    return true;
+  } catch (e) {
+    return false;
+  }
+}
+
+// The imported agent.mjs namespace for `files`, writing and importing it only
+// the first time this runner sees that file set. The directory stays for the
+// runner's lifetime: a harness may import its own files lazily, or read them
+// through import.meta.url, in any episode.
+async function loadUserHarness(files) {
+  var m = await loadLazyMods();
+  var hash = hashFiles(m.crypto, files);
+  var entry = harnesses.get(hash);
+  var root = m.path.join(startCwd, HARNESS_ROOT_NAME);
+  var dir;
+  if (entry !== undefined) dir = entry.dir;
+  else {
+    var name = hash.slice(0, HARNESS_HASH_CHARS);
+    // a clash of the short name between two different file sets: use the whole hash
+    if (harnessDirNames.has(name) && harnessDirNames.get(name) !== hash) name = hash;
+    dir = m.path.join(root, name);
+  }
+  // Validate every path (every episode: this is cheap) before writing anything.
+  var plan = planFiles(m.path, dir, files);
+  if (harnessRoot === null) {
+    // A runner killed before it could clean up may have left one behind.
+    await m.fs.rm(root, { recursive: true, force: true });
+    harnessRoot = root;
+  }
+  if (entry === undefined) {
+    await writePlan(m, dir, plan);
+    entry = { dir: dir, url: m.url.pathToFileURL(m.path.join(dir, "agent.mjs")).href, loading: null };
+    harnesses.set(hash, entry);
+    harnessDirNames.set(m.path.basename(dir), hash);
+    var n = harnesses.size;
+    if (n > HARNESS_SOFT_CAP && (n === HARNESS_SOFT_CAP + 1 || (n & (n - 1)) === 0)) {
+      diag(
+        n + " distinct user harnesses in this runner (more than " + HARNESS_SOFT_CAP + "): Node cannot unload " +
+          "ES modules, so each new one stays in memory and on disk until the runner exits"
+      );
+    }
+  } else if (!(await exists(m, m.path.join(dir, "agent.mjs")))) {
+    // removed behind our back (say by a tool call): the module may be loaded,
+    // but the harness may still read or lazily import its files
+    diag("the harness directory " + dir + " disappeared; writing it again");
+    await writePlan(m, dir, plan);
+  }
+  if (entry.loading === null) {
+    var loading = import(entry.url);
+    entry.loading = loading;
+    // a failed import is retried by the next episode with these files
+    loading.catch(function () {
+      if (entry.loading === loading) entry.loading = null;
+    });
+  }
+  return entry.loading;
+}
+
+// Removes .wmo-harness at exit, synchronously (an exit handler cannot wait).
+function removeHarnessRootSync() {
+  if (harnessRoot === null || lazyMods === null) return;
+  var root = harnessRoot;
+  harnessRoot = null;
+  try {
+    lazyMods.fsSync.rmSync(root, { recursive: true, force: true });
+  } catch (e) {
+    diag("could not remove " + root + ": " + String(e));
+  }
+}
+
+// ctx is made afresh for every episode and bound to it: a ctx kept from an
+// earlier episode cannot reach a later one (its calls reject or do nothing once
+// its episode has ended). The harness module itself is imported once per
+// distinct file set and shared by every episode carrying those files, so its
+// module-level state (and anything it writes into its own directory) persists
+// from one episode to the next; that state is the harness author's business.
+async function runUserHarness(episode) {
+  var s = episode.start;
+  var mod = await loadUserHarness(s.files);
   if (typeof mod.runEpisode !== "function") {
     throw new Error("agent.mjs does not export a runEpisode function");
   }
@@ -696,16 +790,11 @@ process.on("unhandledRejection", function (err) {
   diag("unhandled rejection: " + (err && err.stack ? err.stack : String(err)));
 });
 
-// Exits now, removing a running user-harness episode's directory first.
+// Every way out of the process (shutdown, stdin EOF, a failed stdout, a
+// harness calling process.exit) passes here: remove the harness directories.
+process.on("exit", removeHarnessRootSync);
+
 function exitNow(code) {
-  var episode = current;
-  if (episode !== null && episode.dir !== null && lazyMods !== null) {
-    try {
-      lazyMods.fsSync.rmSync(episode.dir, { recursive: true, force: true });
-    } catch (e) {
-      diag("could not remove " + episode.dir + ": " + String(e));
-    }
-  }
   process.exit(code);
 }
 

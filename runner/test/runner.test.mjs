@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, mkdirSync, writeFileSync, existsSync, readdirSync, rmSync } from "node:fs";
+import { mkdtempSync, mkdirSync, writeFileSync, existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -21,6 +21,12 @@ import {
 
 function submitCall(id, answer) {
   return toolCall(id, "submit", { answer });
+}
+
+// The user-harness directories (one per distinct file set) under <root>/.wmo-harness.
+function harnessDirs(root) {
+  const base = join(root, ".wmo-harness");
+  return existsSync(base) ? readdirSync(base).sort() : [];
 }
 
 function lastMessage(req) {
@@ -498,10 +504,17 @@ export async function runEpisode(ctx) {
   r.send({ type: "llm_response", episode_id: "h1", req_id: req2.req_id, error: "upstream 500" });
   const done = await r.next("done");
   assert.deepEqual(strip(done), { type: "done", episode_id: "h1", reason: "submit", answer: "answer:hi:upstream 500", turns: 2 });
-  assert.ok(!existsSync(join(root, "ep-h1")), "episode dir removed by the time done is sent");
+  // the harness lives under .wmo-harness/<hash>/ for the runner's lifetime, not per episode
+  const dirs = harnessDirs(root);
+  assert.equal(dirs.length, 1, `one harness directory: ${dirs}`);
+  assert.equal(readFileSync(join(root, ".wmo-harness", dirs[0], "data", "notes.txt"), "utf8"), "nötes");
+  assert.deepEqual(readdirSync(root), [".wmo-harness"], "no per-episode directory");
   // nothing more from that episode: the next frame belongs to a new one
   r.send(episodeStart("h2"));
   assert.equal((await r.next()).episode_id, "h2");
+  r.send({ type: "shutdown" });
+  assert.equal(await r.exitCode(), 0);
+  assert.deepEqual(readdirSync(root), [], "nothing left after the runner exits");
 });
 
 test("user harness returning without submit: done no_tool_call with its string result", async (t) => {
@@ -514,7 +527,10 @@ test("user harness returning without submit: done no_tool_call with its string r
   r.send(episodeStart("r2", { files: { "agent.mjs": "export function runEpisode() { return 42; }" } }));
   const done2 = await r.next("done");
   assert.deepEqual([done2.reason, done2.answer], ["no_tool_call", ""]);
-  assert.deepEqual(readdirSync(root), []);
+  assert.equal(harnessDirs(root).length, 2, "one directory per distinct harness");
+  r.child.stdin.end();
+  assert.equal(await r.exitCode(), 0);
+  assert.deepEqual(readdirSync(root), [], "nothing left after the runner exits");
 });
 
 test("user harness that throws, or lacks runEpisode, or fails to import: episode_error", async (t) => {
@@ -539,10 +555,18 @@ test("user harness that throws, or lacks runEpisode, or fails to import: episode
   const e4 = await r.next("episode_error");
   assert.equal(e4.episode_id, "x4");
   assert.match(e4.note, /late/);
-  assert.deepEqual(readdirSync(root), []);
+  // the same broken harness again fails the same way
+  r.send(episodeStart("x6", { files: { "agent.mjs": "export function runEpisode( {" } }));
+  const e6 = await r.next("episode_error");
+  assert.equal(e6.episode_id, "x6");
+  assert.match(e6.note, /SyntaxError/);
+  assert.deepEqual(readdirSync(root), [".wmo-harness"]);
   // the runner still works
   r.send(episodeStart("x5"));
   assert.equal((await r.next("llm_request")).episode_id, "x5");
+  r.send({ type: "shutdown" });
+  assert.equal(await r.exitCode(), 0);
+  assert.deepEqual(readdirSync(root), [], "nothing left after the runner exits");
 });
 
 test("path traversal in files is refused and nothing is written", async (t) => {
@@ -559,7 +583,7 @@ test("path traversal in files is refused and nothing is written", async (t) => {
     [abs, /absolute/],
     ["sub/../../y", /'\.\.' component/],
     ["", /empty/],
-    [".", /outside the episode directory/],
+    [".", /outside the harness directory/],
   ];
   let n = 0;
   for (const [rel, re] of cases) {
@@ -573,7 +597,17 @@ test("path traversal in files is refused and nothing is written", async (t) => {
   assert.ok(!existsSync(join(root, "x")));
   assert.ok(!existsSync(join(root, "y")));
   assert.ok(!existsSync(abs));
-  assert.deepEqual(readdirSync(cwd), [], "no episode directory left behind");
+  assert.deepEqual(readdirSync(cwd), [], "no harness directory written for a refused file set");
+  assert.deepEqual(readdirSync(root).sort(), ["cwd", "marker"]);
+  // a valid harness after the refusals still runs; its files stay under .wmo-harness/<hash>/
+  r.send(episodeStart("ok", { files: { "agent.mjs": agent, "ok.txt": "fine" } }));
+  assert.equal((await r.next("done")).answer, "should not run");
+  const dirs = harnessDirs(cwd);
+  assert.equal(dirs.length, 1);
+  assert.deepEqual(readdirSync(join(cwd, ".wmo-harness", dirs[0])).sort(), ["agent.mjs", "ok.txt"]);
+  r.send({ type: "shutdown" });
+  assert.equal(await r.exitCode(), 0);
+  assert.deepEqual(readdirSync(cwd), [], "nothing left after the runner exits");
   assert.deepEqual(readdirSync(root).sort(), ["cwd", "marker"]);
 });
 
@@ -592,16 +626,32 @@ test("shutdown or EOF mid user-harness episode still removes its directory", asy
   const root = mkdtempSync(join(tmpdir(), "wmo-runner-"));
   t.after(() => rmSync(root, { recursive: true, force: true }));
   const agent = "export async function runEpisode(ctx) { await ctx.tool('bash', { cmd: 'sleep' }); }";
-  for (const how of ["shutdown", "eof"]) {
+  for (const how of ["shutdown", "eof", "stdout closed"]) {
     const r = await startRunner(t, { cwd: root });
     r.send(episodeStart("d-" + how, { files: { "agent.mjs": agent } }));
     await r.next("tool_request");
-    assert.ok(existsSync(join(root, "ep-d-" + how, "agent.mjs")));
+    const dirs = harnessDirs(root);
+    assert.equal(dirs.length, 1);
+    assert.ok(existsSync(join(root, ".wmo-harness", dirs[0], "agent.mjs")));
     if (how === "shutdown") r.send({ type: "shutdown" });
-    else r.child.stdin.end();
+    else if (how === "eof") r.child.stdin.end();
+    else {
+      // the host stops reading: the runner's next frame write fails and it exits
+      r.child.stdout.destroy();
+      r.send(episodeStart("d-after", { files: { "agent.mjs": agent } }));
+    }
     assert.equal(await r.exitCode(), 0);
-    assert.deepEqual(readdirSync(root), []);
+    assert.deepEqual(readdirSync(root), [], `nothing left after ${how}`);
   }
+});
+
+test("a harness calling process.exit still leaves nothing behind", async (t) => {
+  const root = mkdtempSync(join(tmpdir(), "wmo-runner-"));
+  t.after(() => rmSync(root, { recursive: true, force: true }));
+  const r = await startRunner(t, { cwd: root });
+  r.send(episodeStart("pe", { files: { "agent.mjs": "export function runEpisode() { process.exit(7); }" } }));
+  assert.equal(await r.exitCode(), 7);
+  assert.deepEqual(readdirSync(root), []);
 });
 
 test("an assistant turn with null content and no tool calls is echoed with empty content", async (t) => {
