@@ -112,6 +112,17 @@ impl EventStream {
             Err(e) => return Err(garbled("the stream is malformed", Some(Box::new(e)))),
         };
         if envelope.is_end_stream() {
+            // Read the body to its end (nothing should follow the end-of-stream message):
+            // ureq returns a connection to its pool only after a complete body, and without
+            // this every command would open a fresh connection (and, on E2B, a TLS handshake).
+            let mut rest = [0u8; 512];
+            let mut budget = 64 * 1024;
+            while budget > 0 {
+                match std::io::Read::read(&mut self.reader, &mut rest) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => budget -= n.min(budget),
+                }
+            }
             return match end_of_stream_failure(&envelope.payload) {
                 Ok(None) => Ok(None),
                 Ok(Some(status)) => Err(EnvdFailure::Rpc(status)),

@@ -1,0 +1,625 @@
+//! Benchmark: runner start-up, warm reuse, host CPU per episode and runner memory, on the
+//! local backend through the library (what `scripts/bench/run.sh` runs).
+//!
+//! Modes (each prints one JSON line):
+//!
+//! - `hello --reps 30`: per rep, interleaved: a bare `node -e ''` (spawn to exit, the
+//!   baseline), then `runner::bootstrap` on a fresh local sandbox (upload, spawn, `hello`),
+//!   then a cold `Pool::acquire` (create + bootstrap + lease).
+//! - `cycle --reps 10 --warm 10`: what `eval` does per task (acquire, task files + setup,
+//!   episode with the sandbox environment, verify, release), timed; the first cycle of each
+//!   fresh pool is cold, the rest reuse its sandbox.
+//! - `soak --episodes 500 --harness builtin|files [--files-json F] [--transcript file|none]`:
+//!   sequential warm episodes on one sandbox with an instant environment (as the
+//!   reference's `bench_episode.py seq`): host CPU per episode (getrusage of this process),
+//!   runner CPU, and the runner's VmRSS every 50 episodes. `--files-json` (a JSON object of
+//!   path -> content) is sent as `episode_start.files`; `--harness files` adds an `agent.mjs`
+//!   so the runner writes the files and runs the harness from them each episode.
+//!
+//! `cargo run --release --example bench_episode -- hello --reps 30`
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+use wmo_e2b::cancel::CancelToken;
+use wmo_e2b::environment::{self, EnvError, Environment, SandboxEnvironment, ToolOutput};
+use wmo_e2b::episode::{self, Episode, EpisodeConfig, StopReason, Transcript};
+use wmo_e2b::provider::scripted::ScriptedProvider;
+use wmo_e2b::runner::{self, BootstrapOpts};
+use wmo_e2b::sandbox::local::LocalBackend;
+use wmo_e2b::sandbox::pool::{self, Pool, PoolConfig, Warm};
+use wmo_e2b::sandbox::{Backend, CreateSpec, RunOpts, Sandbox};
+use wmo_e2b::task::Task;
+
+fn arg(args: &[String], name: &str, default: &str) -> String {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| default.to_string())
+}
+
+/// utime + stime of this process (every thread), seconds.
+fn self_cpu_s() -> f64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn proc_cpu_s(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let rest: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, r)| r)
+        .split_whitespace()
+        .collect();
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let field = |i: usize| {
+        rest.get(i)
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field(11) + field(12)) / ticks
+}
+
+fn proc_status_kb(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
+fn ms(v: f64) -> f64 {
+    (v * 1e6).round() / 1e3
+}
+
+fn backend(dir: &Path) -> Arc<LocalBackend> {
+    LocalBackend::open(dir).expect("open the local backend")
+}
+
+fn spec() -> CreateSpec {
+    let mut metadata = wmo_e2b::sandbox::Metadata::new();
+    metadata.insert("wmo-e2b.kind".into(), "bench".into());
+    CreateSpec {
+        template: None,
+        timeout_secs: 900,
+        metadata,
+        envs: Vec::new(),
+        internet: true,
+    }
+}
+
+fn new_pool(backend: Arc<LocalBackend>) -> Pool {
+    let episode = Duration::from_secs(300);
+    Pool::new(
+        backend as Arc<dyn Backend>,
+        PoolConfig {
+            spec: spec(),
+            lease: pool::lease_for(episode),
+            lifetime: pool::lifetime_for(episode),
+            bootstrap: BootstrapOpts::default(),
+            workspace_dir: "workspace".into(),
+        },
+    )
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args.first().cloned().unwrap_or_else(|| "hello".into());
+    let state = tempfile::tempdir().expect("tempdir");
+    let out = match mode.as_str() {
+        "hello" => hello(state.path(), arg(&args, "--reps", "30").parse().unwrap()),
+        "cycle" => cycle(
+            state.path(),
+            arg(&args, "--reps", "10").parse().unwrap(),
+            arg(&args, "--warm", "10").parse().unwrap(),
+        ),
+        "soak" => soak(
+            state.path(),
+            arg(&args, "--episodes", "500").parse().unwrap(),
+            &arg(&args, "--harness", "builtin"),
+            &arg(&args, "--files-json", ""),
+            &arg(&args, "--transcript", "file"),
+        ),
+        other => panic!("unknown mode {other}: hello|cycle|soak"),
+    };
+    println!("{out}");
+}
+
+// ---------------------------------------------------------------------------------------
+// hello
+
+/// The variables the local backend passes to sandbox processes (`process.rs`), plus HOME.
+fn scrubbed(c: &mut std::process::Command) -> &mut std::process::Command {
+    const PASSTHROUGH: &[&str] = &[
+        "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "USER", "LOGNAME", "SHELL", "TMPDIR",
+        "HOME",
+    ];
+    c.env_clear();
+    for key in PASSTHROUGH {
+        if let Some(v) = std::env::var_os(key) {
+            c.env(key, v);
+        }
+    }
+    c
+}
+
+fn hello(state: &Path, reps: usize) -> Value {
+    let backend = backend(state);
+    let node_version = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let (mut bare, mut bare_env, mut boot, mut acquire) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // One untimed round first: page cache, node's code cache.
+    for rep in 0..=reps {
+        // Bare node with the environment a sandbox process gets (the local backend scrubs
+        // it: NODE_EXTRA_CA_CERTS and friends alone can cost node tens of ms).
+        let t0 = Instant::now();
+        let st = scrubbed(std::process::Command::new("node").args(["-e", ""]))
+            .status()
+            .expect("node");
+        let t_bare = t0.elapsed().as_secs_f64();
+        assert!(st.success());
+        // ... and with this process's own environment.
+        let t0 = Instant::now();
+        let st = std::process::Command::new("node")
+            .args(["-e", ""])
+            .status()
+            .expect("node");
+        let t_bare_env = t0.elapsed().as_secs_f64();
+        assert!(st.success());
+
+        let sandbox: Arc<dyn Sandbox> = backend.create_local(&spec()).expect("create");
+        let t0 = Instant::now();
+        let started = runner::bootstrap(&sandbox, &BootstrapOpts::default()).expect("bootstrap");
+        let t_boot = t0.elapsed().as_secs_f64();
+        drop(started);
+        let _ = backend.kill(sandbox.id());
+
+        let pool = new_pool(backend.clone());
+        let t0 = Instant::now();
+        let warm = pool.acquire().expect("acquire");
+        let t_acq = t0.elapsed().as_secs_f64();
+        drop(warm);
+        pool.close().expect("close");
+
+        if rep > 0 {
+            bare.push(t_bare);
+            bare_env.push(t_bare_env);
+            boot.push(t_boot);
+            acquire.push(t_acq);
+        }
+    }
+    json!({
+        "impl": "wmo-e2b", "mode": "hello", "reps": reps, "node": node_version,
+        "bare_node_ms": bare.iter().map(|v| ms(*v)).collect::<Vec<_>>(),
+        "bootstrap_ms": boot.iter().map(|v| ms(*v)).collect::<Vec<_>>(),
+        "cold_acquire_ms": acquire.iter().map(|v| ms(*v)).collect::<Vec<_>>(),
+        "bare_node_inherited_env_ms": bare_env.iter().map(|v| ms(*v)).collect::<Vec<_>>(),
+        "median_bare_node_ms": ms(median(&bare)),
+        "median_bare_node_inherited_env_ms": ms(median(&bare_env)),
+        "median_bootstrap_ms": ms(median(&boot)),
+        "median_cold_acquire_ms": ms(median(&acquire)),
+        "bootstrap_over_bare": median(&boot) / median(&bare),
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// cycle: cold vs warm, the way eval runs a task
+
+fn bench_task() -> Task {
+    serde_json::from_value(json!({
+        "id": "bench",
+        "instruction": "Write hello to out.txt, show it, then submit.",
+        "files": {"in.txt": "hello\n"},
+        "verify": "test -s out.txt",
+        "model_script": [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "cp in.txt out.txt"}}]},
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "cat out.txt"}}]},
+            {"tool_calls": [{"name": "submit", "arguments": {"answer": "done"}}]}
+        ]
+    }))
+    .expect("task")
+}
+
+fn config(system: String, files: Map<String, Value>) -> EpisodeConfig {
+    EpisodeConfig {
+        episode_id: wmo_e2b::eval::new_episode_id(),
+        // The runner picks the user harness when the files hold `agent.mjs`.
+        harness: if files.contains_key("agent.mjs") {
+            "user".into()
+        } else {
+            "builtin".into()
+        },
+        system,
+        tools: environment::default_tools(),
+        files,
+        max_turns: 20,
+        max_tool_actions: 40,
+        max_output_tokens: 4096,
+        temperature: None,
+        wall: Duration::from_secs(300),
+    }
+}
+
+struct Phases {
+    acquire: f64,
+    setup: f64,
+    episode: f64,
+    verify: f64,
+    release: f64,
+    total: f64,
+    reused: bool,
+}
+
+/// One task the way `eval::run_attempt` does it.
+fn one_task(pool: &Pool, task: &Task, transcripts: &Path, n: usize) -> Phases {
+    let t0 = Instant::now();
+    let mut warm: Warm = pool.acquire().expect("acquire");
+    let t_acq = t0.elapsed().as_secs_f64();
+    let sandbox = warm.sandbox.clone();
+    let ws = pool.workspace_of(sandbox.as_ref());
+    let t1 = Instant::now();
+    for (rel, content) in &task.files {
+        sandbox
+            .write_file(&format!("{ws}/{rel}"), content.as_bytes())
+            .expect("task file");
+    }
+    let out = sandbox
+        .run(
+            &format!("mkdir -p {ws} && cd {ws} && true"),
+            &RunOpts::default(),
+        )
+        .expect("setup");
+    assert_eq!(out.exit_code, Some(0));
+    let t_setup = t1.elapsed().as_secs_f64();
+
+    let tools = environment::default_tools();
+    let cfg = config(environment::system_prompt(&ws, &tools), Map::new());
+    let env = SandboxEnvironment::new(sandbox.clone(), ws.clone(), Duration::from_secs(120));
+    let mut transcript =
+        Transcript::append(&transcripts.join(format!("t{n}.jsonl"))).expect("transcript");
+    let cancel = CancelToken::new();
+    let t2 = Instant::now();
+    let outcome = {
+        let mut ep = Episode {
+            task,
+            config: &cfg,
+            provider: &ScriptedProvider::new(),
+            environment: &env,
+            cancel: &cancel,
+            transcript: &mut transcript,
+        };
+        episode::run_episode(&mut ep, &mut warm.channel).expect("episode")
+    };
+    let t_ep = t2.elapsed().as_secs_f64();
+    assert_eq!(outcome.stop_reason, StopReason::Submit);
+    let t3 = Instant::now();
+    let v = sandbox
+        .run(
+            task.verify.as_deref().unwrap(),
+            &RunOpts {
+                cwd: Some(ws.clone()),
+                ..RunOpts::default()
+            },
+        )
+        .expect("verify");
+    assert_eq!(v.exit_code, Some(0));
+    let t_verify = t3.elapsed().as_secs_f64();
+    let _ = transcript.finish();
+    let reused = warm.reused;
+    let t4 = Instant::now();
+    pool.release(warm, true).expect("release");
+    let t_rel = t4.elapsed().as_secs_f64();
+    Phases {
+        acquire: t_acq,
+        setup: t_setup,
+        episode: t_ep,
+        verify: t_verify,
+        release: t_rel,
+        total: t0.elapsed().as_secs_f64(),
+        reused,
+    }
+}
+
+fn cycle(state: &Path, reps: usize, warm_per_pool: usize) -> Value {
+    let backend = backend(state);
+    let task = bench_task();
+    let transcripts: PathBuf = state.join("transcripts");
+    std::fs::create_dir_all(&transcripts).unwrap();
+    let mut cold: Vec<Phases> = Vec::new();
+    let mut warm: Vec<Phases> = Vec::new();
+    let mut n = 0;
+    // One untimed pool first (page cache, node's code cache).
+    for rep in 0..=reps {
+        let pool = new_pool(backend.clone());
+        for _ in 0..=warm_per_pool {
+            n += 1;
+            let p = one_task(&pool, &task, &transcripts, n);
+            if rep == 0 {
+                continue;
+            }
+            if p.reused {
+                warm.push(p);
+            } else {
+                cold.push(p);
+            }
+        }
+        pool.close().expect("close");
+    }
+    let med =
+        |v: &[Phases], f: fn(&Phases) -> f64| ms(median(&v.iter().map(f).collect::<Vec<_>>()));
+    let phases = |v: &[Phases]| {
+        json!({
+            "n": v.len(),
+            "total_ms": med(v, |p| p.total),
+            "acquire_ms": med(v, |p| p.acquire),
+            "setup_ms": med(v, |p| p.setup),
+            "episode_ms": med(v, |p| p.episode),
+            "verify_ms": med(v, |p| p.verify),
+            "release_ms": med(v, |p| p.release),
+        })
+    };
+    let c = median(&cold.iter().map(|p| p.total).collect::<Vec<_>>());
+    let w = median(&warm.iter().map(|p| p.total).collect::<Vec<_>>());
+    json!({
+        "impl": "wmo-e2b", "mode": "cycle",
+        "cold": phases(&cold), "warm": phases(&warm),
+        "warm_over_cold": w / c,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// soak: host CPU per episode and runner RSS over many episodes on one sandbox
+
+struct Sample {
+    wall: f64,
+    cpu: f64,
+    cpu_acquire: f64,
+    cpu_episode: f64,
+    cpu_release: f64,
+    reused: bool,
+}
+
+/// Answers every tool call at once, as the reference's InstantEnv does.
+struct InstantEnv;
+
+impl Environment for InstantEnv {
+    fn execute(
+        &self,
+        _name: &str,
+        _args: &Map<String, Value>,
+        _cancel: &CancelToken,
+    ) -> Result<ToolOutput, EnvError> {
+        Ok(ToolOutput::ok("hello\n"))
+    }
+}
+
+/// A user harness doing what the builtin loop does, run from `episode_start.files`.
+const AGENT_MJS: &str = r#"export async function runEpisode(ctx) {
+  const messages = [{ role: "system", content: ctx.system }, { role: "user", content: ctx.instruction }];
+  for (let t = 0; t < ctx.maxTurns; t++) {
+    const c = await ctx.llm({ messages, tools: ctx.tools, max_tokens: ctx.maxOutputTokens });
+    const m = c.choices[0].message;
+    const calls = m.tool_calls || [];
+    if (calls.length === 0) return m.content || "";
+    messages.push({ role: "assistant", content: m.content || "", tool_calls: calls });
+    for (const call of calls) {
+      const args = JSON.parse(call.function.arguments || "{}");
+      if (call.function.name === "submit") { ctx.submit(args.answer); return; }
+      const r = await ctx.tool(call.function.name, args);
+      messages.push({ role: "tool", tool_call_id: call.id, content: r.content });
+    }
+  }
+}
+"#;
+
+/// 25 files, ~256 KB, for when the reference's harness files are not at hand.
+fn synthetic_files() -> Map<String, Value> {
+    let line = "export function step(state: State, input: string): State { return { ...state, \"n\": state.n + 1, text: `${input}\\n` }; }\n";
+    (0..25)
+        .map(|i| {
+            let body = line.repeat(256_000 / 25 / line.len() + 1);
+            (format!("src/mod{i}.ts"), Value::String(body))
+        })
+        .collect()
+}
+
+fn soak(state: &Path, episodes: usize, harness: &str, files_json: &str, transcript: &str) -> Value {
+    let backend = backend(state);
+    let pool = new_pool(backend);
+    let task: Task = serde_json::from_value(json!({
+        "id": "soak", "instruction": "Print hello then submit 42.",
+        "model_script": [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "echo hello"}}]},
+            {"tool_calls": [{"name": "submit", "arguments": {"answer": "42"}}]}
+        ]
+    }))
+    .unwrap();
+    let mut files: Map<String, Value> = if files_json.is_empty() {
+        if harness == "none" {
+            Map::new()
+        } else {
+            synthetic_files()
+        }
+    } else {
+        serde_json::from_str(&std::fs::read_to_string(files_json).expect("--files-json"))
+            .expect("files json")
+    };
+    if harness == "files" {
+        files.insert("agent.mjs".into(), Value::String(AGENT_MJS.into()));
+    }
+    let files_bytes: usize = files.values().map(|v| v.as_str().map_or(0, str::len)).sum();
+    let transcripts = state.join("transcripts");
+    std::fs::create_dir_all(&transcripts).unwrap();
+    let tools = environment::default_tools();
+    let system = environment::system_prompt("/home/user/workspace", &tools);
+    let provider = ScriptedProvider::new();
+    let cancel = CancelToken::new();
+
+    // Built once: only the episode id changes between episodes.
+    let base = config(system.clone(), files.clone());
+    let run_one = |i: usize| -> Sample {
+        let c0 = self_cpu_s();
+        let t0 = Instant::now();
+        let mut warm = pool.acquire().expect("acquire");
+        let c1 = self_cpu_s();
+        let reused = warm.reused;
+        let mut cfg = base.clone();
+        cfg.episode_id = wmo_e2b::eval::new_episode_id();
+        let mut tr = if transcript == "file" {
+            Transcript::append(&transcripts.join(format!("s{}.jsonl", i % 8))).unwrap()
+        } else {
+            Transcript::disabled()
+        };
+        let outcome = {
+            let mut ep = Episode {
+                task: &task,
+                config: &cfg,
+                provider: &provider,
+                environment: &InstantEnv,
+                cancel: &cancel,
+                transcript: &mut tr,
+            };
+            episode::run_episode(&mut ep, &mut warm.channel).expect("episode")
+        };
+        let _ = tr.finish();
+        drop(cfg);
+        let c2 = self_cpu_s();
+        assert_eq!(
+            (outcome.stop_reason, outcome.answer.as_str()),
+            (StopReason::Submit, "42"),
+            "{:?}",
+            outcome.note
+        );
+        pool.release(warm, true).expect("release");
+        let c3 = self_cpu_s();
+        Sample {
+            wall: t0.elapsed().as_secs_f64(),
+            cpu: c3 - c0,
+            cpu_acquire: c1 - c0,
+            cpu_episode: c2 - c1,
+            cpu_release: c3 - c2,
+            reused,
+        }
+    };
+
+    // Warm-up: the cold start, and the first episodes of the runner (JIT).
+    let warmup = 2;
+    let mut warmup_ms = Vec::new();
+    for i in 0..warmup {
+        warmup_ms.push(ms(run_one(i).wall));
+    }
+    // The runner's pid: the pool's only sandbox, its only process.
+    let runner_pid = {
+        let w = pool.acquire().expect("acquire");
+        let pid = w.channel.pid();
+        pool.release(w, true).expect("release");
+        pid
+    };
+    assert_eq!(pool.usage().count, 1, "one sandbox for the whole soak");
+    let every = (episodes / 10).max(1);
+    let mut rss = Vec::new();
+    let mut walls = Vec::new();
+    let mut cpus = Vec::new();
+    let (mut cpu_acq, mut cpu_ep, mut cpu_rel) = (0.0, 0.0, 0.0);
+    let self_rss_before = proc_status_kb(std::process::id(), "VmRSS:");
+    let c_all = self_cpu_s();
+    let r_all = proc_cpu_s(runner_pid);
+    let t_all = Instant::now();
+    for i in 0..episodes {
+        if i % every == 0 {
+            rss.push((i, proc_status_kb(runner_pid, "VmRSS:")));
+        }
+        let s = run_one(warmup + i);
+        assert!(s.reused);
+        walls.push(s.wall);
+        cpus.push(s.cpu);
+        cpu_acq += s.cpu_acquire;
+        cpu_ep += s.cpu_episode;
+        cpu_rel += s.cpu_release;
+    }
+    let total = t_all.elapsed().as_secs_f64();
+    let host_cpu = self_cpu_s() - c_all;
+    let runner_cpu = proc_cpu_s(runner_pid) - r_all;
+    rss.push((episodes, proc_status_kb(runner_pid, "VmRSS:")));
+    assert_eq!(pool.usage().count, 1, "one sandbox for the whole soak");
+    // Least-squares slope of runner RSS over episodes, MiB per episode.
+    let xs: Vec<f64> = rss.iter().map(|(i, _)| *i as f64).collect();
+    let ys: Vec<f64> = rss.iter().map(|(_, kb)| *kb as f64 / 1024.0).collect();
+    let (mx, my) = (
+        xs.iter().sum::<f64>() / xs.len() as f64,
+        ys.iter().sum::<f64>() / ys.len() as f64,
+    );
+    let slope = xs
+        .iter()
+        .zip(&ys)
+        .map(|(x, y)| (x - mx) * (y - my))
+        .sum::<f64>()
+        / xs.iter().map(|x| (x - mx).powi(2)).sum::<f64>();
+    // The same over the second half only (after the runner's heap has settled).
+    let half: Vec<(f64, f64)> = xs
+        .iter()
+        .zip(&ys)
+        .filter(|(x, _)| **x >= episodes as f64 / 2.0)
+        .map(|(x, y)| (*x, *y))
+        .collect();
+    let (hx, hy) = (
+        half.iter().map(|p| p.0).sum::<f64>() / half.len() as f64,
+        half.iter().map(|p| p.1).sum::<f64>() / half.len() as f64,
+    );
+    let slope_2nd = half.iter().map(|(x, y)| (x - hx) * (y - hy)).sum::<f64>()
+        / half.iter().map(|(x, _)| (x - hx).powi(2)).sum::<f64>();
+    let start_line_bytes = wmo_e2b::channel::frame::encode(&json!({
+        "type": "episode_start", "files": files, "system": system, "tools": tools,
+    }))
+    .len();
+    let out = json!({
+        "impl": "wmo-e2b", "mode": "soak", "harness": harness, "transcript": transcript,
+        "episodes": episodes, "warmup_wall_ms": warmup_ms,
+        "episode_files": files.len(), "episode_files_bytes": files_bytes,
+        "episode_start_wire_bytes": start_line_bytes,
+        "median_wall_ms": ms(median(&walls)),
+        "episodes_per_s": episodes as f64 / total,
+        "median_host_cpu_ms": ms(median(&cpus)),
+        "host_cpu_ms_per_episode": ms(host_cpu / episodes as f64),
+        "host_cpu_ms_per_episode_acquire": ms(cpu_acq / episodes as f64),
+        "host_cpu_ms_per_episode_episode": ms(cpu_ep / episodes as f64),
+        "host_cpu_ms_per_episode_release": ms(cpu_rel / episodes as f64),
+        "runner_cpu_ms_per_episode": ms(runner_cpu / episodes as f64),
+        "runner_rss_kb": rss,
+        "runner_rss_slope_mib_per_episode": slope,
+        "runner_rss_slope_2nd_half_mib_per_episode": slope_2nd,
+        "runner_rss_growth_mib": (ys[ys.len() - 1] - ys[0]),
+        "host_rss_before_kb": self_rss_before,
+        "host_rss_after_kb": proc_status_kb(std::process::id(), "VmRSS:"),
+        "host_peak_rss_kb": proc_status_kb(std::process::id(), "VmHWM:"),
+    });
+    pool.close().expect("close");
+    out
+}
