@@ -403,6 +403,32 @@ fn a_project_on_e2b_survives_a_runner_stream_dropped_mid_turn() {
     }
     let o = p(&["snapshot", "demo", "out", "--max-files", "1"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+
+    // A sandbox that vanished is replaced on the next command, from the mirror.
+    let list = p(&["list", "--json"]);
+    let old: Vec<Value> = serde_json::from_slice(&list.stdout).unwrap();
+    let old_id = old[0]["sandbox_id"].as_str().unwrap().to_string();
+    let o = wmo(
+        dir.path(),
+        &emu,
+        &["sandbox", "kill", "--backend", "e2b", &old_id],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = p(&["get", "demo", "out/b.txt"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "B");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("was gone"),
+        "{}",
+        text(&o)
+    );
+    let o = p(&["exec", "demo", "--", "cat notes/seed.txt out/a.txt"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "seeded\nA",
+        "{}",
+        text(&o)
+    );
     let o = p(&["close", "demo"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(emu.live().is_empty(), "{:?}", emu.live());
