@@ -16,7 +16,8 @@
 #      runners, spawn-to-hello and first episode, interleaved.
 #   2. per-episode host overhead on a warm sandbox, builtin vs pi, interleaved.
 #   3. side by side with the reference's `bench_episode.py seq`: warm episode wall time in
-#      alternating rounds, then runner RSS over 500 episodes, ours and theirs.
+#      alternating rounds, then runner RSS over 500 episodes, ours and theirs; then ours
+#      alone over 20,000 episodes (does the pi runner's RSS settle?).
 #
 # Output: a results directory (default target/bench/pi-<UTC stamp>) with one JSON Lines file
 # per measurement and summary.md (the tables, also printed). The pi install made here
@@ -35,8 +36,10 @@ echo "results: $OUT"
 
 if [ "$QUICK" = 1 ]; then
   INSTALL_REPS=1; NPM_COLD=${NPM_COLD:-0}; HELLO_REPS=5; EPISODES=30; ROUNDS=1; SEQ=50; LONG=100
+  LONGEST=2000
 else
   INSTALL_REPS=3; NPM_COLD=${NPM_COLD:-1}; HELLO_REPS=30; EPISODES=200; ROUNDS=3; SEQ=100; LONG=500
+  LONGEST=20000
 fi
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/log.txt" >&2; }
@@ -135,6 +138,10 @@ if [ "$REF_OK" = 1 ]; then
   ref_seq "$LONG" >> "$OUT/long_ref.jsonl"
 fi
 "$EX" soak --state "$STATE" --episodes "$LONG" --harness builtin | sed 's/^{/{"variant": "builtin", /' >> "$OUT/long_ours.jsonl"
+# Ours only (the reference would take ~8 min): does the pi runner's RSS settle?
+log "longest: $LONGEST pi episodes on one sandbox (ours)"
+"$EX" soak --state "$STATE" --episodes "$LONGEST" --harness pi --transcript none --samples 40 \
+  >> "$OUT/longest_ours.jsonl"
 
 load end
 if [ "${KEEP_INSTALL:-0}" != 1 ]; then rm -rf "$STATE"; fi

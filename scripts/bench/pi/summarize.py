@@ -223,8 +223,17 @@ if lb:
         f"{lb['runner_rss_slope_mib_per_episode']:.4f} / "
         f"{lb['runner_rss_slope_2nd_half_mib_per_episode']:.4f}, {lb['median_wall_ms']:.2f}",
         "–", "–", "–", "–")
+lst = (load("longest_ours.jsonl") or [None])[0]
+if lst:
+    kb = [k for _, k in lst["runner_rss_kb"]]
+    row(f"(ours pi, {lst['episodes']:,} episodes) runner RSS first / peak / last MiB, "
+        "slope 2nd half",
+        f"{kb[0] / 1024:.1f} / {max(kb) / 1024:.1f} / {kb[-1] / 1024:.1f}, "
+        f"{lst['runner_rss_slope_2nd_half_mib_per_episode']:.4f}", "–", "–",
+        f"flat (≤ {FLAT} 2nd half)",
+        verdict(lst["runner_rss_slope_2nd_half_mib_per_episode"] <= FLAT))
 print()
-for name, r in [("ours pi", lp), ("ours builtin", lb)]:
+for name, r in [("ours pi", lp), ("ours builtin", lb), ("ours pi, longest", lst)]:
     if r:
         print(f"- {name} runner RSS samples (episode, KiB): {r['runner_rss_kb']}")
 if long_ref:
