@@ -16,9 +16,9 @@
 //!   between them, each acquire -> episode (scripted model: `bash`, then `submit`) -> release:
 //!   wall time, host CPU (getrusage of this process, every thread) split by phase, runner CPU.
 //! - `soak --state DIR --episodes 500 --harness pi|builtin [--files-json F]
-//!   [--transcript file|none]`: sequential warm episodes on one sandbox with an instant
-//!   environment, as the reference's `bench_episode.py seq`: wall and host CPU per episode,
-//!   runner CPU, the runner's VmRSS every `episodes / 10` episodes and its slope.
+//!   [--transcript file|none] [--samples 10]`: sequential warm episodes on one sandbox with an
+//!   instant environment, as the reference's `bench_episode.py seq`: wall and host CPU per
+//!   episode, runner CPU, the runner's VmRSS every `episodes / samples` episodes and its slope.
 //!
 //! `cargo run --release --example bench_pi -- hello --state target/pi-cache --reps 30`
 
@@ -277,6 +277,7 @@ fn main() {
             &arg(&args, "--harness", "pi"),
             &arg(&args, "--files-json", ""),
             &arg(&args, "--transcript", "file"),
+            arg(&args, "--samples", "10").parse().unwrap(),
         ),
         other => panic!("unknown mode {other}: install|hello|episode|soak"),
     };
@@ -630,7 +631,14 @@ fn slope(points: &[(f64, f64)]) -> f64 {
         / points.iter().map(|(x, _)| (x - mx).powi(2)).sum::<f64>()
 }
 
-fn soak(state: &Path, episodes: usize, harness: &str, files_json: &str, transcript: &str) -> Value {
+fn soak(
+    state: &Path,
+    episodes: usize,
+    harness: &str,
+    files_json: &str,
+    transcript: &str,
+    samples: usize,
+) -> Value {
     let modules = (harness == "pi").then(|| modules_of(state));
     let sandboxes = tempfile::tempdir().expect("tempdir");
     let backend = LocalBackend::open(sandboxes.path()).expect("open the local backend");
@@ -666,7 +674,7 @@ fn soak(state: &Path, episodes: usize, harness: &str, files_json: &str, transcri
         side.pool.release(w, true).expect("release");
         pid
     };
-    let every = (episodes / 10).max(1);
+    let every = (episodes / samples.max(1)).max(1);
     let (mut rss, mut walls, mut cpus) = (Vec::new(), Vec::new(), Vec::new());
     let c_all = self_cpu_s();
     let r_all = proc_cpu_s(runner_pid);
