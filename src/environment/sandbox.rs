@@ -54,9 +54,9 @@ impl SandboxEnvironment {
     fn bash(&self, command: &str, cancel: &CancelToken) -> Result<ToolOutput, EnvError> {
         let secs = self.bash_timeout.as_secs().max(1);
         // coreutils `timeout` sends TERM first and KILL after a grace period; our own deadline
-        // below is the hard bound if even that does not end it.
+        // below is the hard bound if even that does not end it. `exec` spares one process.
         let wrapped = format!(
-            "timeout -k {}s {secs}s bash -c {}",
+            "exec timeout -k {}s {secs}s bash -c {}",
             KILL_AFTER.as_secs(),
             shell_quote(command)
         );

@@ -491,7 +491,7 @@ impl Project {
     pub fn exec(&self, command: &str, timeout: Duration) -> Result<ExecOutput, ProjectError> {
         let secs = timeout.as_secs().max(1);
         let script = format!(
-            "cd {WORKSPACE_DIR} && timeout --kill-after={}s {secs}s bash --noprofile --norc -c {}",
+            "cd {WORKSPACE_DIR} && exec timeout --kill-after={}s {secs}s bash --noprofile --norc -c {}",
             EXEC_KILL_AFTER.as_secs(),
             shell_quote(command)
         );
