@@ -433,3 +433,31 @@ fn a_project_on_e2b_survives_a_runner_stream_dropped_mid_turn() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(emu.live().is_empty(), "{:?}", emu.live());
 }
+
+#[test]
+fn more_workers_than_the_sandbox_cap_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tasks.jsonl");
+    let o = Command::new(env!("CARGO_BIN_EXE_wmo-e2b"))
+        .args([
+            "eval",
+            "--backend",
+            "e2b",
+            "-j",
+            "30",
+            "--max-sandboxes",
+            "20",
+            "--tasks",
+        ])
+        .arg(&tasks)
+        .env("WMO_E2B_HOME", dir.path())
+        .env("E2B_API_KEY", KEY)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--max-sandboxes 20"),
+        "{}",
+        text(&o)
+    );
+}

@@ -113,6 +113,15 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     if args.episode_timeout.is_zero() {
         return Err(UsageError("--episode-timeout must be more than zero".into()).into());
     }
+    if args.backend == BackendKind::E2b && usize::from(args.jobs) > args.max_sandboxes {
+        // Each running task holds one sandbox; more workers than the cap would only queue
+        // behind it and time out.
+        return Err(UsageError(format!(
+            "-j {} needs {} sandboxes at once, more than --max-sandboxes {}: lower -j or raise --max-sandboxes to your plan's limit",
+            args.jobs, args.jobs, args.max_sandboxes
+        ))
+        .into());
+    }
     let shard = args.shard.as_deref().map(parse_shard).transpose()?;
     let all = task::load_tasks(&args.tasks)?;
     let out_dir = args.out.clone().unwrap_or_else(default_out_dir);
