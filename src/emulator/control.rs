@@ -796,72 +796,7 @@ pub(super) fn rfc3339(t: SystemTime) -> String {
 
 /// Parses RFC 3339 date-times with any offset (`Z`, `+02:00`), as the SDK sends them.
 pub(super) fn parse_rfc3339(s: &str) -> Option<SystemTime> {
-    let s = s.trim();
-    let b = s.as_bytes();
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let part = s.get(r)?;
-        if part.bytes().all(|c| c.is_ascii_digit()) {
-            part.parse().ok()
-        } else {
-            None
-        }
-    };
-    if b.len() < 19 || b[4] != b'-' || b[7] != b'-' || b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    if !matches!(b[10], b'T' | b't' | b' ') {
-        return None;
-    }
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
-        return None;
-    }
-    let mut i = 19;
-    let mut nanos: u64 = 0;
-    if b.get(i) == Some(&b'.') {
-        i += 1;
-        let start = i;
-        while b.get(i).is_some_and(u8::is_ascii_digit) {
-            i += 1;
-        }
-        let digits = s.get(start..i)?;
-        if digits.is_empty() {
-            return None;
-        }
-        let padded: String = digits
-            .chars()
-            .chain(std::iter::repeat('0'))
-            .take(9)
-            .collect();
-        nanos = padded.parse().ok()?;
-    }
-    let offset_secs = match s.get(i..)? {
-        "Z" | "z" => 0,
-        zone => {
-            let sign = match zone.as_bytes().first()? {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            let digits: String = zone[1..].chars().filter(|c| *c != ':').collect();
-            if digits.len() != 4 || !digits.bytes().all(|c| c.is_ascii_digit()) {
-                return None;
-            }
-            let h: i64 = digits[..2].parse().ok()?;
-            let m: i64 = digits[2..].parse().ok()?;
-            sign * (h * 3600 + m * 60)
-        }
-    };
-    let days = crate::civil::days_from_civil(year, month, day);
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_secs;
-    let secs = u64::try_from(secs).ok()?;
-    Some(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_nanos(nanos))
+    crate::civil::parse_rfc3339(s)
 }
 
 #[cfg(test)]

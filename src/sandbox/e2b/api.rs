@@ -411,56 +411,10 @@ fn pct(s: &str) -> String {
 
 /// Parses an RFC 3339 time (`2026-08-21T20:00:22.123Z`, `...+02:00`) to Unix seconds.
 pub fn unix_secs(s: &str) -> Option<u64> {
-    let b = s.as_bytes();
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let part = b.get(r)?;
-        if part.iter().all(u8::is_ascii_digit) {
-            std::str::from_utf8(part).ok()?.parse().ok()
-        } else {
-            None
-        }
-    };
-    let seps = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
-    if seps.iter().any(|&(i, c)| b.get(i) != Some(&c))
-        || !matches!(b.get(10), Some(b'T' | b't' | b' '))
-    {
-        return None;
-    }
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
-        return None;
-    }
-    let mut rest = &b[19..];
-    if rest.first() == Some(&b'.') {
-        let digits = rest[1..].iter().take_while(|c| c.is_ascii_digit()).count();
-        rest = &rest[1 + digits..];
-    }
-    let offset = match rest {
-        [b'Z' | b'z'] => 0,
-        [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] => {
-            let digits = [*h1, *h2, *m1, *m2];
-            if !digits.iter().all(u8::is_ascii_digit) {
-                return None;
-            }
-            let d = |c: u8| i64::from(c - b'0');
-            let secs = (d(*h1) * 10 + d(*h2)) * 3600 + (d(*m1) * 10 + d(*m2)) * 60;
-            if *sign == b'+' {
-                secs
-            } else {
-                -secs
-            }
-        }
-        _ => return None,
-    };
-    let days = crate::civil::days_from_civil(year, month, day);
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset;
-    u64::try_from(secs).ok()
+    crate::civil::parse_rfc3339(s)?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_secs())
 }
 
 #[cfg(test)]
