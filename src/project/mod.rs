@@ -125,28 +125,10 @@ pub fn validate_name(name: &str) -> Result<(), ProjectError> {
 
 /// Normalizes a user's project path: relative, no `..`, no empty result.
 pub fn project_path(path: &str) -> Result<String, ProjectError> {
-    let bad = |reason: &str| ProjectError::BadPath {
+    crate::sandbox::normalize_relative(path).map_err(|reason| ProjectError::BadPath {
         path: path.to_string(),
         reason: reason.to_string(),
-    };
-    if path.starts_with('/') {
-        return Err(bad("absolute paths are not allowed"));
-    }
-    if path.contains('\0') {
-        return Err(bad("the path contains a NUL byte"));
-    }
-    let mut parts = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => return Err(bad("'..' is not allowed")),
-            p => parts.push(p),
-        }
-    }
-    if parts.is_empty() {
-        return Err(bad("the path names nothing"));
-    }
-    Ok(parts.join("/"))
+    })
 }
 
 pub fn projects_dir(state_dir: &Path) -> PathBuf {

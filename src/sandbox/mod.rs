@@ -274,38 +274,40 @@ pub trait Backend: Send + Sync {
     fn kill(&self, id: &str) -> Result<Killed>;
 }
 
-/// Joins `rel` under `base`, refusing absolute paths, `..`, and empty components that would
-/// let a caller escape `base`.
-pub fn contained_path(base: &str, rel: &str) -> Result<String> {
-    let bad = |reason| SandboxError::BadPath {
-        path: rel.to_string(),
-        reason,
-    };
+/// Normalizes a relative path (`a//./b` → `a/b`), refusing absolute paths, `..`, NUL bytes
+/// and paths that name nothing; the error is the reason.
+pub fn normalize_relative(rel: &str) -> std::result::Result<String, &'static str> {
     if rel.is_empty() {
-        return Err(bad("the path is empty"));
+        return Err("the path is empty");
     }
     if rel.starts_with('/') {
-        return Err(bad("absolute paths are not allowed"));
+        return Err("absolute paths are not allowed");
     }
     if rel.contains('\0') {
-        return Err(bad("the path contains a NUL byte"));
+        return Err("the path contains a NUL byte");
     }
     let mut parts = Vec::new();
     for part in rel.split('/') {
         match part {
             "" | "." => continue,
-            ".." => return Err(bad("'..' is not allowed")),
+            ".." => return Err("'..' is not allowed"),
             p => parts.push(p),
         }
     }
     if parts.is_empty() {
-        return Err(bad("the path names no file"));
+        return Err("the path names no file");
     }
-    Ok(format!(
-        "{}/{}",
-        base.trim_end_matches('/'),
-        parts.join("/")
-    ))
+    Ok(parts.join("/"))
+}
+
+/// Joins `rel` under `base`, refusing absolute paths, `..`, and empty components that would
+/// let a caller escape `base`.
+pub fn contained_path(base: &str, rel: &str) -> Result<String> {
+    let rel_norm = normalize_relative(rel).map_err(|reason| SandboxError::BadPath {
+        path: rel.to_string(),
+        reason,
+    })?;
+    Ok(format!("{}/{rel_norm}", base.trim_end_matches('/')))
 }
 
 #[cfg(test)]
