@@ -886,6 +886,43 @@ export async function runEpisode(ctx) {
 }
 
 #[test]
+fn a_lone_surrogate_from_a_harness_reaches_the_host_as_a_replacement_character() {
+    let env = Env::new();
+    let dir = env.path("harness");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Half of a surrogate pair: JSON.stringify writes it as a lone "\ud83d" escape in the
+    // log, the tool request and the done frame alike.
+    std::fs::write(
+        dir.join("agent.mjs"),
+        r#"export async function runEpisode(ctx) {
+  const half = "\u{1F680}".slice(0, 1);
+  ctx.log("half " + half);
+  const r = await ctx.tool("bash", { command: "printf %s '" + half + "' | wc -c" });
+  ctx.submit("got " + half + "|" + r.content.trim());
+}
+"#,
+    )
+    .unwrap();
+    // The timeout only bounds the failure this test guards against (a dropped frame leaves
+    // the episode waiting for its wall budget).
+    let tasks = env.write_tasks(&[task("half", r#""timeout_s": 30"#)]);
+    let o = env.eval(&tasks, &["--harness", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r = env.result("half");
+    assert_eq!(r["status"], "passed", "{r}");
+    assert_eq!(r["stop_reason"], "submit", "{r}");
+    // U+FFFD is three bytes of UTF-8, and that is what the bash tool call printed.
+    assert_eq!(r["answer"], "got \u{FFFD}|3", "{r}");
+    let frames = transcript_frames(&env, "half");
+    assert!(
+        frames
+            .iter()
+            .any(|f| f["type"] == "log" && f["message"] == "half \u{FFFD}"),
+        "{frames:?}"
+    );
+}
+
+#[test]
 fn a_world_model_answers_tool_calls_and_nothing_runs_in_the_sandbox() {
     let env = Env::new();
     let marker = env.path("must-not-exist");

@@ -352,7 +352,7 @@ impl DurableChannel {
     fn read_outbox_frame(&self, seq: u64) -> Result<Frame, String> {
         let path = format!("{}/frames/{seq:020}.json", self.root);
         let bytes = self.sandbox.read_file(&path).map_err(|e| e.to_string())?;
-        let v: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+        let v = frame::parse_json(bytes).map_err(|e| e.to_string())?;
         if v.get("transport_seq").and_then(Value::as_u64) != Some(seq) {
             return Err(format!("{path} holds another sequence"));
         }
