@@ -301,6 +301,56 @@ function isObject(value) {
   return value !== null && typeof value === "object" && !Array.isArray(value);
 }
 
+function preview(value) {
+  var text;
+  try {
+    text = JSON.stringify(value);
+  } catch (e) {
+    text = String(value);
+  }
+  text = String(text);
+  return text.length > 120 ? text.slice(0, 120) + "..." : text;
+}
+
+// Tool specs arrive flat ({name, description, parameters}, the reference
+// runtime's shape) or in OpenAI's {type: "function", function: {...}}; both
+// become OpenAI's, which the chat-completions body needs. Anything else
+// throws, naming the spec: a session must not run without tools it was given.
+// The same rules as normalizeTools in runner.mjs (this file runs on its own,
+// so it cannot import that one).
+function normalizeTools(list) {
+  if (list === undefined || list === null) return [];
+  if (!Array.isArray(list)) throw new Error("tools is not a list of tool specs: " + preview(list));
+  var out = [];
+  for (var i = 0; i < list.length; i++) {
+    var spec = list[i];
+    var why = null;
+    var fn = null;
+    if (!isObject(spec)) why = "it is not an object";
+    else if (spec.type !== undefined && spec.type !== "function") why = "its type is " + preview(spec.type) + ', not "function"';
+    else if (spec.function !== undefined) {
+      if (isObject(spec.function)) fn = spec.function;
+      else why = "its function is not an object";
+    } else {
+      fn = {};
+      for (var k in spec) if (k !== "type") fn[k] = spec[k];
+    }
+    if (why === null) {
+      if (typeof fn.name !== "string" || fn.name === "") why = "it has no name";
+      else if (fn.description !== undefined && fn.description !== null && typeof fn.description !== "string") why = "its description is not a string";
+      else if (fn.parameters !== undefined && fn.parameters !== null && !isObject(fn.parameters)) why = "its parameters are not a JSON schema object";
+    }
+    if (why !== null) {
+      throw new Error(
+        "tool spec " + i + " has an unknown shape (" + why + "): " + preview(spec) +
+          '; expected {name, description, parameters} or {type: "function", function: {name, description, parameters}}'
+      );
+    }
+    out.push(spec.function !== undefined && spec.type === "function" ? spec : { type: "function", function: fn });
+  }
+  return out;
+}
+
 function handleLine(line) {
   var value = decodeLine(line);
   if (value === undefined) return;
@@ -429,11 +479,18 @@ function onSessionStart(frame) {
     sendEpisodeError("session_start needs a non-empty string session_id");
     return;
   }
+  var tools;
+  try {
+    tools = normalizeTools(frame.tools);
+  } catch (e) {
+    sendEpisodeError("session_start: " + e.message);
+    return;
+  }
   var system = typeof frame.system === "string" ? frame.system : "";
   session = {
     id: frame.session_id,
     system: system,
-    tools: Array.isArray(frame.tools) ? frame.tools : [],
+    tools: tools,
     turnCap: intAtLeast(frame.turn_cap, 1, DEFAULT_TURN_CAP),
     maxOutputTokens: intAtLeast(frame.max_output_tokens, 1, DEFAULT_MAX_OUTPUT_TOKENS),
     temperature: typeof frame.temperature === "number" && Number.isFinite(frame.temperature) ? frame.temperature : undefined,

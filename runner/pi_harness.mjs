@@ -330,7 +330,10 @@ var DEFAULT_SUBMIT = {
   },
 };
 
-function toolSchemas(defs) {
+// Tool specs may come flat ({name, description, parameters}) or in OpenAI's
+// shape; kit.normalizeTools makes them all OpenAI's and throws (ending the
+// episode with episode_error) for any other shape, so no tool is dropped.
+function toolSchemas(kit, defs) {
   var key;
   try {
     key = JSON.stringify(defs);
@@ -338,12 +341,13 @@ function toolSchemas(defs) {
     key = null;
   }
   if (key !== null && key === toolCache.key) return toolCache.schemas;
+  var normalized = kit.normalizeTools(defs);
   var schemas = [];
   var seen = new Set();
-  for (var i = 0; i < defs.length; i++) {
-    var d = defs[i];
-    var fn = d && typeof d === "object" && d.function && typeof d.function === "object" ? d.function : null;
-    if (fn === null || typeof fn.name !== "string" || fn.name === "" || seen.has(fn.name)) continue;
+  for (var i = 0; i < normalized.length; i++) {
+    var d = normalized[i];
+    var fn = d.function;
+    if (seen.has(fn.name)) continue;
     seen.add(fn.name);
     var params = fn.parameters && typeof fn.parameters === "object" ? fn.parameters : { type: "object", properties: {} };
     schemas.push({ def: d, name: fn.name, description: typeof fn.description === "string" ? fn.description : "", parameters: params });
@@ -406,8 +410,8 @@ function llmMessages(messages) {
 // Runs one episode. `episode` is the runner's episode object (id, turns,
 // ended, start{instruction, system, tools, maxTurns, maxOutputTokens,
 // temperature}); `kit` holds the runner's helpers: request, sendDone,
-// nudgeFor, parseArguments, messageText, answerText, diag, maxNonActionTurns.
-// Ends the episode with a done frame; throws for an episode_error.
+// nudgeFor, parseArguments, normalizeTools, messageText, answerText, diag,
+// maxNonActionTurns. Ends the episode with a done frame; throws for an episode_error.
 export async function runEpisode(episode, kit) {
   if (pi === null) throw new Error("the pi harness was not loaded");
   var s = episode.start;
@@ -426,7 +430,7 @@ export async function runEpisode(episode, kit) {
     nonAction: 0,
     finalReason: null,
   };
-  var tools = makeTools(ep, toolSchemas(s.tools));
+  var tools = makeTools(ep, toolSchemas(kit, s.tools));
   var model = {
     id: "wmo-host",
     name: "wmo-host",

@@ -10,11 +10,13 @@
 // stay fast. `node:` builtins needed by the user-harness path are imported
 // lazily.
 //
-// Harnesses, chosen by episode_start.harness: "builtin" (or absent) runs the
-// loop below; files holding agent.mjs run a user harness; "pi" runs the real
-// pi agent loop from pi_harness.mjs (next to this file), enabled when
-// WMO_PI_MODULES names a node_modules directory holding the pi packages. pi is
-// imported at the first pi episode, never before hello.
+// Harnesses, chosen by episode_start.harness: "builtin" (or absent, with no
+// files) runs the loop below; files holding agent.mjs run a user harness; "pi"
+// runs the real pi agent loop from pi_harness.mjs (next to this file), enabled
+// when WMO_PI_MODULES names a node_modules directory holding the pi packages.
+// pi is imported at the first pi episode, never before hello. An
+// episode_start naming a harness this runner cannot run, or carrying files or
+// tool specs it cannot use, ends in episode_error, never in another harness.
 //
 // A user harness is content-addressed: each distinct file set is written once
 // to <cwd>/.wmo-harness/<hash>/ and its agent.mjs imported once, then reused by
@@ -248,6 +250,90 @@ function intAtLeast(value, min, fallback) {
   return typeof value === "number" && Number.isInteger(value) && value >= min ? value : fallback;
 }
 
+function isPlainObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+function preview(value) {
+  var text;
+  try {
+    text = JSON.stringify(value);
+  } catch (e) {
+    text = String(value);
+  }
+  text = String(text);
+  return text.length > 120 ? text.slice(0, 120) + "..." : text;
+}
+
+// Tool specs arrive in two shapes: the reference runtime's flat
+// {name, description, parameters}, and OpenAI's {type: "function", function:
+// {...}}. Both become OpenAI's, the shape a chat-completions body needs (a
+// flat spec also carrying type "function", as OpenAI's Responses API writes
+// it, is flat too). Anything else throws, naming the spec.
+function normalizeTools(list) {
+  if (list === undefined || list === null) return [];
+  if (!Array.isArray(list)) throw new Error("tools is not a list of tool specs: " + preview(list));
+  var out = [];
+  for (var i = 0; i < list.length; i++) {
+    var spec = list[i];
+    var why = null;
+    var fn = null;
+    if (!isPlainObject(spec)) why = "it is not an object";
+    else if (spec.type !== undefined && spec.type !== "function") why = "its type is " + preview(spec.type) + ", not \"function\"";
+    else if (spec.function !== undefined) {
+      if (isPlainObject(spec.function)) fn = spec.function;
+      else why = "its function is not an object";
+    } else {
+      fn = {};
+      for (var k in spec) if (k !== "type") fn[k] = spec[k];
+    }
+    if (why === null) {
+      if (typeof fn.name !== "string" || fn.name === "") why = "it has no name";
+      else if (fn.description !== undefined && fn.description !== null && typeof fn.description !== "string") why = "its description is not a string";
+      else if (fn.parameters !== undefined && fn.parameters !== null && !isPlainObject(fn.parameters)) why = "its parameters are not a JSON schema object";
+    }
+    if (why !== null) {
+      throw new Error(
+        "tool spec " + i + " has an unknown shape (" + why + "): " + preview(spec) +
+          '; expected {name, description, parameters} or {type: "function", function: {name, description, parameters}}'
+      );
+    }
+    out.push(spec.function !== undefined && spec.type === "function" ? spec : { type: "function", function: fn });
+  }
+  return out;
+}
+
+// Which harness runs an episode_start: "builtin", "user" or "pi". Throws when
+// the request cannot be honoured as sent.
+function chooseHarness(name, files) {
+  if (files !== undefined && files !== null && !isPlainObject(files)) {
+    throw new Error("files is not an object of path -> content: " + preview(files));
+  }
+  var paths = files ? Object.keys(files) : [];
+  var listed = paths.slice(0, 5).map(function (p) {
+    return JSON.stringify(p);
+  }).join(", ") + (paths.length > 5 ? ", ..." : "");
+  var hasAgent = paths.indexOf("agent.mjs") !== -1;
+  var piNote = PI_MODULES === null ? "" : piUnavailable === null ? ", pi" : "";
+  if (name === undefined || name === null || name === "user") {
+    if (hasAgent) return "user";
+    if (paths.length > 0) {
+      throw new Error(
+        "the harness files (" + listed + ") hold no agent.mjs: this runner runs a user harness from an agent.mjs " +
+          "exporting runEpisode(ctx)" +
+          (paths.indexOf("src/agent.ts") !== -1 ? ", and cannot run src/agent.ts (the reference runner's Agent)" : "")
+      );
+    }
+    if (name === "user") throw new Error("the user harness was named but no files (agent.mjs) were sent");
+    return "builtin";
+  }
+  if (name === "builtin" || name === "pi") {
+    if (paths.length > 0) throw new Error("the " + name + " harness was named, but harness files (" + listed + ") came too, and it runs none");
+    return name;
+  }
+  throw new Error("unknown harness " + preview(name) + " (this runner knows builtin, user" + piNote + ")");
+}
+
 function onEpisodeStart(frame) {
   var id = frame.episode_id;
   if (typeof id !== "string" || id === "") {
@@ -266,19 +352,29 @@ function onEpisodeStart(frame) {
     });
     return;
   }
-  var files = frame.files !== null && typeof frame.files === "object" && !Array.isArray(frame.files) ? frame.files : null;
+  // An episode_start this runner cannot honour is refused, never run some
+  // other way: an agent without its tools, or the builtin loop standing in for
+  // the harness that was sent, would still "pass" a task without verify.
+  var tools, harness;
+  try {
+    tools = normalizeTools(frame.tools);
+    harness = chooseHarness(frame.harness, frame.files);
+  } catch (e) {
+    send({ type: "episode_error", episode_id: id, note: "cannot run this episode_start: " + e.message });
+    return;
+  }
   var episode = {
     id: id,
     ended: false,
     turns: 0,
     keepalive: null,
     start: {
-      harness: typeof frame.harness === "string" ? frame.harness : null,
+      harness: harness,
       taskId: frame.task_id,
       instruction: typeof frame.instruction === "string" ? frame.instruction : "",
       system: typeof frame.system === "string" ? frame.system : "",
-      tools: Array.isArray(frame.tools) ? frame.tools : [],
-      files: files,
+      tools: tools,
+      files: harness === "user" ? frame.files : null,
       maxTurns: intAtLeast(frame.max_turns, 1, DEFAULT_MAX_TURNS),
       maxOutputTokens: intAtLeast(frame.max_output_tokens, 1, DEFAULT_MAX_OUTPUT_TOKENS),
       temperature: typeof frame.temperature === "number" && Number.isFinite(frame.temperature) ? frame.temperature : undefined,
@@ -299,15 +395,10 @@ function onEpisodeStart(frame) {
 }
 
 async function driveEpisode(episode) {
-  var start = episode.start;
-  var userHarness = start.files !== null && Object.prototype.hasOwnProperty.call(start.files, "agent.mjs");
+  var harness = episode.start.harness;
   try {
-    if (start.harness === "pi") {
-      if (userHarness) throw new Error("episode_start names the pi harness but also carries agent.mjs");
-      await runPiHarness(episode);
-    } else if (start.harness !== null && start.harness !== "builtin" && start.harness !== "user") {
-      throw new Error("unknown harness " + JSON.stringify(start.harness) + " (this runner knows builtin, user" + (piUnavailable === null && PI_MODULES !== null ? ", pi" : "") + ")");
-    } else if (userHarness) await runUserHarness(episode);
+    if (harness === "pi") await runPiHarness(episode);
+    else if (harness === "user") await runUserHarness(episode);
     else await runBuiltinHarness(episode);
   } catch (e) {
     if (!episode.ended) {
@@ -519,6 +610,7 @@ var PI_KIT = {
   sendDone: sendDone,
   nudgeFor: nudgeFor,
   parseArguments: parseArguments,
+  normalizeTools: normalizeTools,
   messageText: messageText,
   answerText: answerText,
   diag: diag,

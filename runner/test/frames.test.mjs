@@ -21,6 +21,9 @@ export const TOOLS = [
   { type: "function", function: { name: "submit", description: "Submit the final answer", parameters: { type: "object", properties: { answer: { type: "string" } }, required: ["answer"] } } },
 ];
 
+// TOOLS in the reference runtime's flat shape: {name, description, parameters}.
+export const FLAT_TOOLS = TOOLS.map((t) => ({ ...t.function }));
+
 export function encodeFrame(frame) {
   return encodeJsonText(JSON.stringify(frame));
 }

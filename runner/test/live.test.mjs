@@ -9,7 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { NUDGE_TAIL, TOOLS, completion, encodeFrame, toolCall } from "./frames.test.mjs";
+import { FLAT_TOOLS, NUDGE_TAIL, TOOLS, completion, encodeFrame, toolCall } from "./frames.test.mjs";
 
 const LIVE = fileURLToPath(new URL("../live.mjs", import.meta.url));
 const RUNNER_DIR = fileURLToPath(new URL("..", import.meta.url));
@@ -502,6 +502,26 @@ test("protocol misuse is reported as episode_error", async (t) => {
   assert.match((await r.next("episode_error")).note, /already started/);
   r.send({ type: "user_message", msg_id: 7, text: "hi" });
   assert.match((await r.next("episode_error")).note, /string msg_id/);
+});
+
+test("flat tool specs (the reference's shape) reach the model in OpenAI's shape", async (t) => {
+  const r = await ready(t, { tools: FLAT_TOOLS });
+  const req = await userTurn(r, "m1", "go");
+  assert.deepEqual(req.openai_body.tools, TOOLS);
+  const idle = await submitTurn(r, req, "ok");
+  assert.equal(idle.reason, "completed");
+});
+
+test("a session_start with a tool spec of unknown shape is refused: episode_error, no session", async (t) => {
+  const r = await start(t);
+  r.send(sessionStart({ tools: [TOOLS[0], { type: "function", function: { description: "nameless" } }] }));
+  const err = await r.next("episode_error");
+  assert.match(err.note, /^session_start: tool spec 1 has an unknown shape \(it has no name\)/);
+  r.send({ type: "user_message", msg_id: "m1", text: "hi" });
+  assert.match((await r.next("episode_error")).note, /before session_start/);
+  // a good session_start still works afterwards
+  r.send(sessionStart());
+  assert.deepEqual(strip(await r.next("state")), { type: "state", status: "idle", turns: 0 });
 });
 
 test("keepalives run for the whole process life, idle included", async (t) => {

@@ -14,7 +14,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { NUDGE_TAIL, TOOLS, Runner, completion, episodeStart, reply, startRunner, strip, toolCall, toolReply } from "./frames.test.mjs";
+import { FLAT_TOOLS, NUDGE_TAIL, TOOLS, Runner, completion, episodeStart, reply, startRunner, strip, toolCall, toolReply } from "./frames.test.mjs";
 
 const REPO = fileURLToPath(new URL("../../", import.meta.url));
 const PACKAGES = ["@mariozechner/pi-agent-core", "@mariozechner/pi-ai"];
@@ -235,6 +235,25 @@ test("a full pi episode: bash tool_request, tool_response, submit", async (t) =>
   const done = await r.next("done");
   assert.deepEqual(strip(done), { type: "done", episode_id: "e1", reason: "submit", answer: "two files", turns: 2 });
   assert.deepEqual(done.skipped, []);
+});
+
+test("flat tool specs (the reference's shape) become pi tools; an unknown shape is refused", async (t) => {
+  const r = await startPiRunner(t);
+  r.send(piStart("f1", { tools: FLAT_TOOLS }));
+  const req1 = await r.next("llm_request", { timeout: 20000 });
+  assert.deepEqual(req1.openai_body.tools, TOOLS, "the model sees every tool, in OpenAI's shape");
+  reply(r, req1, completion({ toolCalls: [toolCall("c1", "bash", { cmd: "ls" })] }));
+  const treq = await r.next("tool_request");
+  assert.equal(treq.name, "bash");
+  assert.deepEqual(treq.arguments, { cmd: "ls" });
+  toolReply(r, treq, "a.txt");
+  reply(r, await r.next("llm_request"), completion({ toolCalls: [submitCall("s", "ok")] }));
+  const done = await r.next("done");
+  assert.deepEqual([done.reason, done.answer], ["submit", "ok"]);
+  r.send(piStart("f2", { tools: [FLAT_TOOLS[0], { description: "no name" }] }));
+  const err = await r.next("episode_error");
+  assert.equal(err.episode_id, "f2");
+  assert.match(err.note, /tool spec 1 has an unknown shape \(it has no name\)/);
 });
 
 test("a tool error reaches the model as the tool result; a second episode starts clean", async (t) => {

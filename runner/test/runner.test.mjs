@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 import {
+  FLAT_TOOLS,
   NUDGE_TAIL,
   TOOLS,
   Runner,
@@ -611,15 +612,70 @@ test("path traversal in files is refused and nothing is written", async (t) => {
   assert.deepEqual(readdirSync(root).sort(), ["cwd", "marker"]);
 });
 
-test("files without agent.mjs are ignored by the builtin harness", async (t) => {
+test("an episode_start the runner cannot honour ends in episode_error, never in another harness", async (t) => {
   const root = mkdtempSync(join(tmpdir(), "wmo-runner-"));
   t.after(() => rmSync(root, { recursive: true, force: true }));
   const r = await startRunner(t, { cwd: root });
-  r.send(episodeStart("f1", { files: { "src/agent.ts": "x", "../evil": "y" } }));
+  const agent = "export async function runEpisode(ctx) { ctx.submit('ran'); }";
+  const cases = [
+    // the reference runner's harness files: this runner cannot run them
+    [{ files: { "src/agent.ts": "export class Agent {}", "../evil": "y" } }, /hold no agent\.mjs.*cannot run src\/agent\.ts/],
+    [{ files: { "lib/x.mjs": "" } }, /\("lib\/x\.mjs"\) hold no agent\.mjs/],
+    [{ harness: "user", files: {} }, /user harness was named but no files/],
+    [{ harness: "builtin", files: { "agent.mjs": agent } }, /builtin harness was named, but harness files \("agent\.mjs"\) came too/],
+    [{ harness: "pi", files: { "agent.mjs": agent } }, /pi harness was named, but harness files/],
+    [{ files: ["agent.mjs"] }, /files is not an object/],
+    [{ harness: "mystery" }, /unknown harness "mystery"/],
+    // tool specs of no known shape
+    [{ tools: [...TOOLS, { name: 5 }] }, /tool spec 4 has an unknown shape \(it has no name\): \{"name":5\}/],
+    [{ tools: [{ type: "custom", name: "x" }] }, /tool spec 0 has an unknown shape \(its type is "custom", not "function"\)/],
+    [{ tools: [{ type: "function", function: "bash" }] }, /its function is not an object/],
+    [{ tools: ["bash"] }, /it is not an object/],
+    [{ tools: [{ name: "bash", parameters: [] }] }, /its parameters are not a JSON schema object/],
+    [{ tools: [{ name: "bash", description: 3 }] }, /its description is not a string/],
+    [{ tools: { bash: {} } }, /tools is not a list of tool specs/],
+  ];
+  let n = 0;
+  for (const [overrides, re] of cases) {
+    const id = "h" + n++;
+    r.send(episodeStart(id, overrides));
+    // the refusal is the very next frame: no model call, no tool call, no done
+    const err = await r.next("episode_error");
+    assert.equal(err.episode_id, id);
+    assert.match(err.note, /^cannot run this episode_start: /);
+    assert.match(err.note, re, JSON.stringify(overrides));
+  }
+  assert.deepEqual(readdirSync(root), [], "nothing was written for a refused episode");
+  // the runner is idle and takes the next episode
+  r.send(episodeStart("fine"));
   const req = await r.next("llm_request");
   reply(r, req, completion({ toolCalls: [submitCall("s", "a")] }));
+  assert.equal((await r.next("done")).reason, "submit");
+});
+
+test("flat tool specs (the reference's shape) reach the model in OpenAI's shape", async (t) => {
+  const root = mkdtempSync(join(tmpdir(), "wmo-runner-"));
+  t.after(() => rmSync(root, { recursive: true, force: true }));
+  const r = await startRunner(t, { cwd: root });
+  r.send(episodeStart("flat", { tools: FLAT_TOOLS }));
+  const req = await r.next("llm_request");
+  assert.deepEqual(req.openai_body.tools, TOOLS);
+  reply(r, req, completion({ toolCalls: [toolCall("c1", "bash", { cmd: "ls" })] }));
+  const treq = await r.next("tool_request");
+  assert.equal(treq.name, "bash");
+  toolReply(r, treq, "a.txt");
+  reply(r, await r.next("llm_request"), completion({ toolCalls: [submitCall("s", "done")] }));
+  assert.equal((await r.next("done")).reason, "submit");
+  // mixed shapes, and a flat spec carrying type "function" (OpenAI's Responses API writes that)
+  r.send(episodeStart("mixed", { tools: [FLAT_TOOLS[0], TOOLS[1], { type: "function", ...FLAT_TOOLS[2] }, FLAT_TOOLS[3]] }));
+  const req2 = await r.next("llm_request");
+  assert.deepEqual(req2.openai_body.tools, TOOLS);
+  reply(r, req2, completion({ toolCalls: [submitCall("s", "done")] }));
   await r.next("done");
-  assert.deepEqual(readdirSync(root), []);
+  // a user harness sees the same list in ctx.tools
+  const agent = "export async function runEpisode(ctx) { ctx.submit(JSON.stringify(ctx.tools)); }";
+  r.send(episodeStart("user", { tools: FLAT_TOOLS, files: { "agent.mjs": agent } }));
+  assert.deepEqual(JSON.parse((await r.next("done")).answer), TOOLS);
 });
 
 test("shutdown or EOF mid user-harness episode still removes its directory", async (t) => {

@@ -16,6 +16,9 @@ pub const RUNNER_JS: &str = include_str!("../../runner/runner.mjs");
 /// Frame protocol version the host speaks; `hello.protocol` must match.
 pub const PROTOCOL: u64 = 1;
 
+/// The version a hello without `protocol` speaks: the reference runner's.
+const REFERENCE_PROTOCOL: u64 = 1;
+
 /// The oldest Node.js the runner supports.
 pub const MIN_NODE_MAJOR: u32 = 18;
 
@@ -195,7 +198,12 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
             ));
         }
     };
-    let protocol = hello.get("protocol").and_then(serde_json::Value::as_u64);
+    // The reference runner's hello has no `protocol` field; its frames are version 1, the
+    // protocol this host was built to, so a missing field is that version, not a mismatch.
+    let protocol = match hello.get("protocol") {
+        None => Some(REFERENCE_PROTOCOL),
+        Some(v) => v.as_u64(),
+    };
     if protocol != Some(PROTOCOL) {
         let _ = sandbox.kill_process(pid);
         return Err(RunnerError::Protocol {

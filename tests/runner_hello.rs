@@ -1,0 +1,73 @@
+//! The bootstrap's hello check against runners that say hello in other ways than ours: a
+//! stand-in `node` on the runner's PATH prints a canned hello, then waits on stdin.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use wmo_e2b::channel::frame;
+use wmo_e2b::runner::{bootstrap, BootstrapOpts, RunnerError};
+use wmo_e2b::sandbox::local::LocalBackend;
+use wmo_e2b::sandbox::{Backend, CreateSpec, Sandbox};
+
+/// Bootstraps a runner whose `node` answers with `hello`, in a fresh local sandbox.
+fn bootstrap_with_hello(hello: Value) -> Result<Value, RunnerError> {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::open(&dir.path().join("state")).unwrap();
+    let sb: Arc<dyn Sandbox> = backend
+        .create(&CreateSpec {
+            timeout_secs: 120,
+            ..CreateSpec::default()
+        })
+        .unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let line = String::from_utf8(frame::encode(&hello)).unwrap();
+    let node = bin.join("node");
+    std::fs::write(
+        &node,
+        format!("#!/bin/sh\nprintf '%s' '{line}'\nexec cat >/dev/null\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let opts = BootstrapOpts {
+        hello_timeout: Duration::from_secs(20),
+        envs: vec![(
+            "PATH".to_string(),
+            format!("{}:/usr/bin:/bin", bin.display()),
+        )],
+        ..BootstrapOpts::default()
+    };
+    let result = bootstrap(&sb, &opts).map(|started| Value::Object(started.hello));
+    let _ = backend.kill(sb.id());
+    result
+}
+
+#[test]
+fn a_hello_without_protocol_is_the_reference_runners_version_1() {
+    // The reference runner's hello (runner_stdio.ts): no `protocol` field at all.
+    let reference = json!({"type": "hello", "node_version": "v22.4.0", "pi_version": "0.80.3",
+                           "max_concurrent": 1, "transport": "stdio"});
+    let hello = bootstrap_with_hello(reference).expect("the reference hello is accepted");
+    assert_eq!(hello["pi_version"], "0.80.3");
+
+    let ours = json!({"type": "hello", "protocol": 1, "transport": "stdio"});
+    assert!(bootstrap_with_hello(ours).is_ok());
+}
+
+#[test]
+fn a_hello_naming_another_protocol_is_refused() {
+    for (protocol, found) in [
+        (json!(2), "2"),
+        (json!("1"), "\"1\""),
+        (Value::Null, "null"),
+    ] {
+        let hello = json!({"type": "hello", "protocol": protocol});
+        match bootstrap_with_hello(hello) {
+            Err(RunnerError::Protocol { found: f }) => assert_eq!(f, found),
+            Err(other) => panic!("expected a protocol error for {protocol}, got {other}"),
+            Ok(h) => panic!("accepted a hello speaking protocol {protocol}: {h}"),
+        }
+    }
+}
