@@ -1001,3 +1001,164 @@ fn the_pi_harness_runs_episodes_end_to_end() {
     assert_eq!(start["harness"], "pi");
     assert!(env.live_sandboxes().is_empty());
 }
+
+/// A chat-completions server that answers every request with one status, until dropped.
+struct RefusingServer {
+    base_url: String,
+    hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RefusingServer {
+    fn start(status: u16) -> RefusingServer {
+        use std::sync::atomic::Ordering;
+        let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+        let port = server.server_addr().to_ip().unwrap().port();
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (h, s) = (hits.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                if let Ok(Some(req)) = server.recv_timeout(Duration::from_millis(100)) {
+                    h.fetch_add(1, Ordering::SeqCst);
+                    let body = r#"{"error": {"message": "refused by the test server"}}"#;
+                    let reply = tiny_http::Response::from_string(body).with_status_code(status);
+                    let _ = req.respond(reply);
+                }
+            }
+        });
+        RefusingServer {
+            base_url: format!("http://127.0.0.1:{port}/v1"),
+            hits,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for RefusingServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn eval_against(env: &Env, tasks: &Path, base_url: &str, extra: &[&str]) -> Output {
+    let out = env.out();
+    let mut args = vec![
+        "eval",
+        "--tasks",
+        tasks.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--model",
+        "test-model",
+        "--base-url",
+        base_url,
+        "--api-key-env",
+        "WMO_TEST_KEY",
+    ];
+    args.extend_from_slice(extra);
+    env.cmd(&args)
+        .env("WMO_TEST_KEY", "sk-test")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_refused_key_or_an_unknown_model_stops_the_run_and_scores_nothing() {
+    // Every task would pass its verify without the agent doing anything.
+    let lines: Vec<String> = (0..6)
+        .map(|i| {
+            task(
+                &format!("t{i}"),
+                &format!(r#""verify": "true", "model_script": [{SUBMIT}]"#),
+            )
+        })
+        .collect();
+    for (status, option) in [
+        (401, "--api-key-env"),
+        (403, "--api-key-env"),
+        (404, "--model"),
+    ] {
+        let env = Env::new();
+        let tasks = env.write_tasks(&lines);
+        let server = RefusingServer::start(status);
+        let o = eval_against(&env, &tasks, &server.base_url, &["-j", "2"]);
+        assert_eq!(o.status.code(), Some(3), "HTTP {status}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("stopped early"), "{err}");
+        assert!(err.contains(option), "HTTP {status}: {err}");
+        if status != 404 {
+            assert!(err.contains("WMO_TEST_KEY"), "{err}");
+        }
+        // Only the tasks already running when the first refusal came were written, and
+        // none of them was scored.
+        let results = env.results();
+        assert!(!results.is_empty() && results.len() <= 2, "{results:?}");
+        for r in &results {
+            assert!(r["status"] == "error" || r["status"] == "cancelled", "{r}");
+            assert!(r["verify"].is_null(), "verify ran: {r}");
+            if r["status"] == "error" {
+                assert_eq!(r["stop_reason"], "provider_error", "{r}");
+                assert!(r["error"].as_str().unwrap().contains(option), "{r}");
+            }
+        }
+        // One refusal per task at most: the refused key is never retried.
+        assert!(server.hits() <= 2, "{} requests", server.hits());
+        assert!(env.live_sandboxes().is_empty());
+
+        // --resume runs every task again: none of them finished.
+        let o = env.eval(&tasks, &["--resume"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let passed = env
+            .results()
+            .into_iter()
+            .filter(|r| r["status"] == "passed")
+            .count();
+        assert_eq!(passed, 6, "{:?}", env.results());
+    }
+}
+
+#[test]
+fn an_unreachable_model_api_is_an_error_with_its_retries_counted_and_resume_reruns_it() {
+    let env = Env::new();
+    // Bind and drop to find a port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tasks = env.write_tasks(&[task(
+        "offline",
+        &format!(r#""verify": "true", "model_script": [{SUBMIT}]"#),
+    )]);
+    let o = eval_against(&env, &tasks, &format!("http://127.0.0.1:{port}/v1"), &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let r = env.result("offline");
+    assert_eq!(r["status"], "error", "{r}");
+    assert_eq!(r["stop_reason"], "provider_error", "{r}");
+    assert!(r["verify"].is_null(), "verify ran without a model: {r}");
+    let error = r["error"].as_str().unwrap();
+    assert!(error.contains("gave up after 5 attempts"), "{r}");
+    assert!(error.contains("could not be reached"), "{r}");
+    assert_eq!(r["retries"]["provider"], 4, "{r}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(env.out().join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["errors"], 1, "{summary}");
+    assert_eq!(summary["provider_retries"], 4, "{summary}");
+
+    let o = env.eval(&tasks, &["--resume"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let results = env.results();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!(results[1]["status"], "passed", "{results:?}");
+}

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use wmo_e2b::cancel::CancelToken;
 use wmo_e2b::provider::openai::{OpenAiConfig, OpenAiProvider};
-use wmo_e2b::provider::{Completion, ModelCall, Provider, ProviderError};
+use wmo_e2b::provider::{Completion, FailureScope, ModelCall, Provider, ProviderError};
 use wmo_e2b::task::Task;
 
 const KEY: &str = "sk-test-key";
@@ -280,12 +280,12 @@ fn an_auth_failure_is_not_retried() {
     let long = "x".repeat(5_000);
     let server = TestServer::start(move |_| Reply::status(401, &long));
     match run(&server, 4) {
-        Err(ProviderError::Status { status, body }) => {
+        Err(ProviderError::KeyRefused { status, body, .. }) => {
             assert_eq!(status, 401);
             // Truncated to 2,000 characters plus the ellipsis.
             assert_eq!(body.chars().count(), 2_001);
         }
-        other => panic!("expected Status 401, got {other:?}"),
+        other => panic!("expected KeyRefused 401, got {other:?}"),
     }
     assert_eq!(server.hits(), 1);
 }
@@ -296,13 +296,49 @@ fn a_wrong_key_is_refused_without_retry() {
     // The server's own check refuses the key, so this is the key the provider really sent.
     let provider = OpenAiProvider::with_key(server.config(4), "sk-wrong");
     match complete(&provider, &CancelToken::new()) {
-        Err(ProviderError::Status { status, body }) => {
+        Err(ProviderError::KeyRefused { status, body, .. }) => {
             assert_eq!(status, 401);
             assert!(body.contains("Bearer sk-wrong"), "{body}");
         }
-        other => panic!("expected a status error, got {other:?}"),
+        other => panic!("expected a refused key, got {other:?}"),
     }
     assert_eq!(server.hits(), 1);
+}
+
+#[test]
+fn refused_keys_and_unknown_models_stop_the_run_and_say_which_option() {
+    for status in [401, 403] {
+        let server = TestServer::start(move |_| Reply::status(status, "no such key"));
+        let e = run(&server, 4).unwrap_err();
+        assert!(
+            matches!(&e, ProviderError::KeyRefused { status: s, var, .. } if *s == status && var == "OPENAI_API_KEY"),
+            "{e:?}"
+        );
+        assert_eq!(e.scope(), FailureScope::Run);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("--api-key-env") && msg.contains("OPENAI_API_KEY"),
+            "{msg}"
+        );
+        assert_eq!(server.hits(), 1);
+    }
+    let server = TestServer::start(|_| Reply::status(404, "model_not_found"));
+    let e = run(&server, 4).unwrap_err();
+    assert!(
+        matches!(&e, ProviderError::ModelNotFound { model, body } if model == "test-model" && body == "model_not_found"),
+        "{e:?}"
+    );
+    assert_eq!(e.scope(), FailureScope::Run);
+    assert!(e.to_string().contains("--model"), "{e}");
+    assert_eq!(server.hits(), 1);
+    // Other refusals are the episode's to deal with.
+    let server = TestServer::start(|_| Reply::status(400, "context too long"));
+    let e = run(&server, 4).unwrap_err();
+    assert!(
+        matches!(e, ProviderError::Status { status: 400, .. }),
+        "{e:?}"
+    );
+    assert_eq!(e.scope(), FailureScope::Episode);
 }
 
 #[test]
@@ -342,7 +378,13 @@ fn a_refused_connection_is_retried_then_reported() {
         .port();
     let provider = OpenAiProvider::with_key(config(&format!("http://127.0.0.1:{port}/v1"), 2), KEY);
     match complete(&provider, &CancelToken::new()) {
-        Err(ProviderError::RetriesExhausted { attempts, last }) => {
+        Err(e @ ProviderError::RetriesExhausted { .. }) => {
+            // Gave up after 3 attempts: 2 retries, and a failure of the task, not the run.
+            assert_eq!(e.retries(), 2);
+            assert_eq!(e.scope(), FailureScope::Task);
+            let ProviderError::RetriesExhausted { attempts, last } = e else {
+                unreachable!()
+            };
             assert_eq!(attempts, 3);
             assert!(
                 matches!(*last, ProviderError::Transport { .. }),

@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use crate::cancel::CancelToken;
 use crate::channel::{frame_type, ChannelError, Frame, StdioChannel};
 use crate::environment::{EnvError, Environment, ToolOutput, ENV_TOOLS};
-use crate::provider::{ModelCall, Provider, Usage};
+use crate::provider::{FailureScope, ModelCall, Provider, Usage};
 use crate::task::Task;
 pub use transcript::Transcript;
 
@@ -113,10 +113,23 @@ pub struct EpisodeOutcome {
     pub provider_retries: u32,
     /// Why the episode ended badly, when it did.
     pub note: Option<String>,
+    /// A model call the provider could not serve at all (see [`FailureScope`]): the episode's
+    /// end says nothing about the agent then.
+    pub provider_failure: Option<ProviderFailure>,
     /// False when the runner may still be mid-episode (budget, cancel): its sandbox must not
     /// be reused.
     #[serde(skip)]
     pub runner_idle: bool,
+}
+
+/// A model call that failed beyond the episode: the API could not be reached or would not
+/// serve this run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProviderFailure {
+    /// The provider's error and its causes, on one line.
+    pub message: String,
+    /// Every call of the run would fail the same way (a refused key, an unknown model).
+    pub stops_run: bool,
 }
 
 /// The episode could not finish in this sandbox; a fresh one may succeed.
@@ -181,6 +194,7 @@ struct Broker<'a, 'b> {
     env_actions: u32,
     tokens: TokenMeter,
     provider_retries: u32,
+    provider_failure: Option<ProviderFailure>,
 }
 
 /// Runs one episode over `channel` to its end.
@@ -198,6 +212,7 @@ pub fn run_episode(
         env_actions: 0,
         tokens: TokenMeter::default(),
         provider_retries: 0,
+        provider_failure: None,
     };
     let result = broker.run();
     broker.channel.episode_ended();
@@ -333,20 +348,39 @@ impl Broker<'_, '_> {
             cancel: self.ep.cancel,
         };
         self.turns += 1;
-        let reply = match self.ep.provider.complete(&call) {
-            Ok(done) => {
-                self.tokens.add(done.usage);
-                self.provider_retries += done.retries;
-                json!({"type": "llm_response", "episode_id": self.ep.config.episode_id,
-                       "req_id": req_id, "completion": done.body})
-            }
-            Err(e) => {
-                let msg = error_chain(&e);
-                self.ep
-                    .transcript
-                    .note(&format!("model call failed: {msg}"));
-                json!({"type": "llm_response", "episode_id": self.ep.config.episode_id,
-                       "req_id": req_id, "error": msg})
+        let reply = if let Some(failure) = &self.provider_failure {
+            // The episode's record is an error whatever happens next, so a harness that
+            // keeps asking is answered at once instead of waiting out the retries again.
+            let msg = format!(
+                "not sent: an earlier model call failed: {}",
+                failure.message
+            );
+            json!({"type": "llm_response", "episode_id": self.ep.config.episode_id,
+                   "req_id": req_id, "error": msg})
+        } else {
+            match self.ep.provider.complete(&call) {
+                Ok(done) => {
+                    self.tokens.add(done.usage);
+                    self.provider_retries += done.retries;
+                    json!({"type": "llm_response", "episode_id": self.ep.config.episode_id,
+                           "req_id": req_id, "completion": done.body})
+                }
+                Err(e) => {
+                    self.provider_retries += e.retries();
+                    let msg = error_chain(&e);
+                    self.ep
+                        .transcript
+                        .note(&format!("model call failed: {msg}"));
+                    let scope = e.scope();
+                    if scope != FailureScope::Episode {
+                        self.provider_failure = Some(ProviderFailure {
+                            message: msg.clone(),
+                            stops_run: scope == FailureScope::Run,
+                        });
+                    }
+                    json!({"type": "llm_response", "episode_id": self.ep.config.episode_id,
+                           "req_id": req_id, "error": msg})
+                }
             }
         };
         // A reply computed past the deadline or after cancellation is never sent.
@@ -354,6 +388,17 @@ impl Broker<'_, '_> {
             return Ok(Step::End(end));
         }
         self.send(&reply)?;
+        if let Some(failure) = self.provider_failure.as_ref().filter(|f| f.stops_run) {
+            // Not waiting for the runner to end: the run stops at the first such answer,
+            // whatever the harness does with the error. The runner may still be mid-episode.
+            let note = Some(failure.message.clone());
+            return Ok(Step::End(self.outcome(
+                StopReason::ProviderError,
+                String::new(),
+                note,
+                false,
+            )));
+        }
         Ok(Step::Continue)
     }
 
@@ -465,6 +510,7 @@ impl Broker<'_, '_> {
             tokens: self.tokens,
             provider_retries: self.provider_retries,
             note,
+            provider_failure: self.provider_failure.clone(),
             runner_idle,
         }
     }

@@ -497,12 +497,20 @@ fn episode_in(
             outcome.stop_reason,
             StopReason::Budget | StopReason::Cancelled
         );
+    if let Some(failure) = outcome.provider_failure.as_ref().filter(|f| f.stops_run) {
+        // A refused key or an unknown model fails every task the same way: stop now, before
+        // the rest are run (and scored) against it.
+        let _ = run.fatal.set(failure.message.clone());
+        run.cancel.cancel();
+    }
 
     // The verdict.
     let t_verify = Instant::now();
     let verify = match (&task.verify, outcome.stop_reason) {
+        // Without a model the agent never worked: the workspace says nothing about it.
         (Some(cmd), stop)
             if run.world_model.is_none()
+                && outcome.provider_failure.is_none()
                 && !matches!(stop, StopReason::Cancelled | StopReason::Error) =>
         {
             match sandbox.run(
@@ -623,8 +631,17 @@ fn outcome_record(
     attempt: u32,
     verify_secs: f64,
 ) -> TaskRecord {
-    let status = match (o.stop_reason, &verify) {
+    // A provider that could not serve the episode is an infrastructure error, not a verdict:
+    // `provider_error` with status `error` is what `--resume` runs again.
+    let (stop_reason, error) = match (&o.provider_failure, o.stop_reason) {
+        (Some(f), stop) if stop != StopReason::Cancelled => {
+            (StopReason::ProviderError, Some(f.message.clone()))
+        }
+        _ => (o.stop_reason, o.note.clone()),
+    };
+    let status = match (stop_reason, &verify) {
         (StopReason::Cancelled, _) => Status::Cancelled,
+        _ if o.provider_failure.is_some() => Status::Error,
         (StopReason::Error, _) => Status::Error,
         (_, Some(v)) if v.exit_code == Some(0) && !v.timed_out => Status::Passed,
         (_, Some(_)) => Status::Failed,
@@ -638,7 +655,7 @@ fn outcome_record(
     TaskRecord {
         id: task.id.clone(),
         status,
-        stop_reason: o.stop_reason.as_str().into(),
+        stop_reason: stop_reason.as_str().into(),
         answer: o.answer.clone(),
         verify,
         turns: p.turns + o.turns,
@@ -659,7 +676,7 @@ fn outcome_record(
             transport: 0,
             provider: p.provider_retries + o.provider_retries,
         },
-        error: o.note.clone(),
+        error,
     }
 }
 

@@ -162,8 +162,8 @@ fn ends_without_newline(file: &mut File) -> std::io::Result<bool> {
     Ok(last[0] != b'\n')
 }
 
-/// Ids already finished in an earlier run (any status but `cancelled`). A torn last line
-/// (the crash happened mid-write) is ignored.
+/// Ids already finished in an earlier run (see [`is_finished`]). A torn last line (the crash
+/// happened mid-write) is ignored.
 pub fn finished_ids(path: &Path) -> Result<HashSet<String>, ResultsError> {
     let mut ids = HashSet::new();
     let file = match File::open(path) {
@@ -184,7 +184,7 @@ pub fn finished_ids(path: &Path) -> Result<HashSet<String>, ResultsError> {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
             continue;
         };
-        if v["status"].as_str() == Some("cancelled") {
+        if !is_finished(&v) {
             continue;
         }
         if let Some(id) = v["id"].as_str() {
@@ -192,4 +192,13 @@ pub fn finished_ids(path: &Path) -> Result<HashSet<String>, ResultsError> {
         }
     }
     Ok(ids)
+}
+
+/// Whether a recorded task needs no rerun: a cancelled task never finished, and one whose
+/// model API could not serve it (`error` with `provider_error`) was never judged.
+fn is_finished(record: &serde_json::Value) -> bool {
+    !matches!(
+        (record["status"].as_str(), record["stop_reason"].as_str()),
+        (Some("cancelled"), _) | (Some("error"), Some("provider_error"))
+    )
 }

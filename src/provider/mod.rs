@@ -45,6 +45,17 @@ pub enum ProviderError {
     MissingKey { var: String },
     #[error("the model API answered HTTP {status}: {body}")]
     Status { status: u16, body: String },
+    /// 401 or 403: the key is wrong for every call, not just this one.
+    #[error("the model API refused the key in {var} (HTTP {status}): check it, or name the variable holding the right one with --api-key-env; the API said: {body}")]
+    KeyRefused {
+        status: u16,
+        var: String,
+        body: String,
+    },
+    /// 404 at the chat-completions endpoint: the model (or the endpoint itself) does not
+    /// exist there, for every call.
+    #[error("the model API does not know model {model:?} (HTTP 404): check --model (and --base-url); the API said: {body}")]
+    ModelNotFound { model: String, body: String },
     #[error("the model API could not be reached at {url}")]
     Transport {
         url: String,
@@ -66,6 +77,48 @@ pub enum ProviderError {
     Scripted(String),
     #[error("the model call was cancelled")]
     Cancelled,
+}
+
+/// How far a failed model call reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureScope {
+    /// An answer the episode deals with like any other (the agent sees the error, the
+    /// episode ends `provider_error`, and the task is scored).
+    Episode,
+    /// The model API could not serve this call even after its retries: the task is an
+    /// infrastructure error, not a verdict on the agent.
+    Task,
+    /// Every call of the run will fail the same way (a refused key, an unknown model): the
+    /// run should stop.
+    Run,
+}
+
+impl ProviderError {
+    /// Retries made before the provider gave up with this error.
+    pub fn retries(&self) -> u32 {
+        match self {
+            ProviderError::RetriesExhausted { attempts, .. } => attempts.saturating_sub(1),
+            _ => 0,
+        }
+    }
+
+    pub fn scope(&self) -> FailureScope {
+        match self {
+            ProviderError::MissingKey { .. }
+            | ProviderError::KeyRefused { .. }
+            | ProviderError::ModelNotFound { .. } => FailureScope::Run,
+            // Transport failures that are not retried (TLS setup, a bad URL) repeat as
+            // surely as the ones retried in vain.
+            ProviderError::RetriesExhausted { .. } | ProviderError::Transport { .. } => {
+                FailureScope::Task
+            }
+            ProviderError::Status { .. }
+            | ProviderError::Decode { .. }
+            | ProviderError::InvalidRequest { .. }
+            | ProviderError::Scripted(_)
+            | ProviderError::Cancelled => FailureScope::Episode,
+        }
+    }
 }
 
 pub trait Provider: Send + Sync {

@@ -184,6 +184,15 @@ impl OpenAiProvider {
                     body: error_text(response.body_mut()),
                 },
             }),
+            401 | 403 => Err(Failure::Fatal(ProviderError::KeyRefused {
+                status,
+                var: self.config.api_key_env.clone(),
+                body: error_text(response.body_mut()),
+            })),
+            404 => Err(Failure::Fatal(ProviderError::ModelNotFound {
+                model: self.config.model.clone(),
+                body: error_text(response.body_mut()),
+            })),
             _ => Err(Failure::Fatal(ProviderError::Status {
                 status,
                 body: error_text(response.body_mut()),
