@@ -205,9 +205,7 @@ fn validate(task: &Task) -> Result<(), String> {
     if task.instruction.trim().is_empty() {
         return Err("field `instruction`: must not be empty".into());
     }
-    for path in task.files.keys() {
-        crate::sandbox::contained_path("/w", path).map_err(|e| format!("field `files`: {e}"))?;
-    }
+    check_file_paths(&task.files)?;
     if let Some(t) = task.timeout_s {
         if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
             return Err(format!(
@@ -236,6 +234,35 @@ fn validate(task: &Task) -> Result<(), String> {
                         call.name
                     ));
                 }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses paths that escape the workspace, and paths that could not all be written: two
+/// keys naming one file (`a`, `./a`), or a file that another key needs as a directory (`a`,
+/// `a/b`). Caught here, they would fail mid-run on a sandbox that did nothing wrong.
+fn check_file_paths(files: &BTreeMap<String, String>) -> Result<(), String> {
+    let mut named: BTreeMap<String, &str> = BTreeMap::new();
+    for key in files.keys() {
+        let norm = crate::sandbox::normalize_relative(key)
+            .map_err(|reason| format!("field `files`: path {key:?} is not allowed: {reason}"))?;
+        if let Some(first) = named.get(&norm) {
+            return Err(format!(
+                "field `files`: {first:?} and {key:?} name the same file"
+            ));
+        }
+        named.insert(norm, key);
+    }
+    for (norm, key) in &named {
+        let mut parent = norm.as_str();
+        while let Some(cut) = parent.rfind('/') {
+            parent = &parent[..cut];
+            if let Some(file) = named.get(parent) {
+                return Err(format!(
+                    "field `files`: {file:?} is a file, so it cannot also be the directory holding {key:?}"
+                ));
             }
         }
     }
@@ -306,6 +333,27 @@ mod tests {
         assert!(e.contains("bogus"), "{e}");
 
         assert!(matches!(parse("\n\n"), Err(TaskError::Empty { .. })));
+    }
+
+    #[test]
+    fn file_paths_that_cannot_all_be_written_are_refused() {
+        let with_files = |files: &str| {
+            parse(&format!(
+                r#"{{"id":"a","instruction":"x","files":{files}}}"#
+            ))
+        };
+        for (files, needle) in [
+            (r#"{"a":"1","a/b":"2"}"#, "directory"),
+            (r#"{"x/a":"1","x/a/b/c":"2"}"#, "directory"),
+            (r#"{"a":"1","./a":"2"}"#, "same file"),
+            (r#"{"d//a":"1","d/a":"2"}"#, "same file"),
+        ] {
+            let e = with_files(files).unwrap_err().to_string();
+            assert!(e.starts_with("t.jsonl:1:"), "{files}: {e}");
+            assert!(e.contains("`files`") && e.contains(needle), "{files}: {e}");
+        }
+        // Siblings and a shared parent directory are fine.
+        assert!(with_files(r#"{"a/b":"1","a/c":"2","ab":"3","a.txt":"4"}"#).is_ok());
     }
 
     #[test]

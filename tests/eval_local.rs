@@ -350,6 +350,49 @@ fn malformed_tasks_are_rejected_before_any_sandbox_starts() {
 }
 
 #[test]
+fn task_files_that_cannot_all_be_written_are_refused_at_load() {
+    let env = Env::new();
+    let tasks = env.write_tasks(&[
+        task("ok", &format!(r#""model_script": [{SUBMIT}]"#)),
+        task("nested", r#""files": {"a": "1", "a/b": "2"}"#),
+        task("same", r#""files": {"a": "1", "./a": "2"}"#),
+    ]);
+    let o = env.eval(&tasks, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("tasks.jsonl:2: field `files`"), "{err}");
+    assert!(err.contains("tasks.jsonl:3: field `files`"), "{err}");
+    assert!(env.live_sandboxes().is_empty());
+    assert!(env.results().is_empty());
+}
+
+#[test]
+fn a_task_file_the_sandbox_refuses_is_the_tasks_error_not_a_replay() {
+    let env = Env::new();
+    // Longer than any file name may be: the sandbox refuses the write itself (a bad request,
+    // not a transport failure), on this sandbox or any other.
+    let long = "n".repeat(300);
+    let tasks = env.write_tasks(&[task(
+        "long",
+        &format!(r#""files": {{"{long}": "x"}}, "model_script": [{SUBMIT}]"#),
+    )]);
+    let o = env.eval(&tasks, &["--transport-retries", "2"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let r = env.result("long");
+    assert_eq!(r["status"], "error", "{r}");
+    assert_eq!(r["attempts"], 1, "{r}");
+    assert_eq!(r["retries"]["transport"], 0, "{r}");
+    let error = r["error"].as_str().unwrap();
+    assert!(error.contains("writing task files"), "{r}");
+    let state = env.home();
+    for host_path in [state.clone(), state.canonicalize().unwrap()] {
+        let host_path = host_path.to_str().unwrap().to_string();
+        assert!(!error.contains(&host_path), "{host_path} in {error}");
+    }
+    assert!(env.live_sandboxes().is_empty());
+}
+
+#[test]
 fn resume_and_shards() {
     let env = Env::new();
     let lines: Vec<String> = (0..12)
