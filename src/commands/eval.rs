@@ -128,7 +128,16 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     std::fs::create_dir_all(&out_dir)
         .with_context(|| format!("cannot create the output directory {}", out_dir.display()))?;
     let done = if args.resume {
-        results::finished_ids(&out_dir.join("results.jsonl"))?
+        let path = out_dir.join("results.jsonl");
+        let finished = results::finished_ids(&path)?;
+        if finished.unreadable > 0 {
+            eprintln!(
+                "warning: skipped {} unreadable line(s) of {} (a line torn by a crash, say); their tasks run again",
+                finished.unreadable,
+                path.display()
+            );
+        }
+        finished.ids
     } else {
         Default::default()
     };
