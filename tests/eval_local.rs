@@ -393,6 +393,54 @@ fn a_task_file_the_sandbox_refuses_is_the_tasks_error_not_a_replay() {
 }
 
 #[test]
+fn out_of_range_durations_and_rates_exit_2_before_any_sandbox() {
+    let env = Env::new();
+    let tasks = env.write_tasks(&[task("a", &format!(r#""model_script": [{SUBMIT}]"#))]);
+    let huge = "500000000000years";
+    let mut cases: Vec<(&str, &str)> = vec![
+        ("--episode-timeout", huge),
+        ("--episode-timeout", "0s"),
+        ("--bash-timeout", huge),
+        ("--hello-timeout", huge),
+        ("--request-timeout", huge),
+        ("--request-timeout", "8d"),
+    ];
+    for rate in ["1e-300", "NaN", "inf", "0", "-1"] {
+        cases.push(("--create-rate", rate));
+    }
+    for (option, value) in cases {
+        // `=` so that a negative value is not read as an option.
+        let o = env.eval(&tasks, &[&format!("{option}={value}")]);
+        assert_eq!(o.status.code(), Some(2), "{option} {value}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(option), "{option} {value}: {err}");
+        let range = if option == "--create-rate" {
+            "from 0.01 to 1000"
+        } else {
+            "from 1s to 7days"
+        };
+        assert!(err.contains(range), "{option} {value}: {err}");
+    }
+    let o = env
+        .cmd(&["reap", "--dry-run", "--older-than", huge])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--older-than"));
+
+    assert!(
+        env.live_sandboxes().is_empty(),
+        "{:?}",
+        env.live_sandboxes()
+    );
+    let leases = std::fs::read_dir(env.home().join("leases"))
+        .map(|rd| rd.count())
+        .unwrap_or(0);
+    assert_eq!(leases, 0, "a sandbox was leased");
+    assert!(env.results().is_empty());
+}
+
+#[test]
 fn resume_and_shards() {
     let env = Env::new();
     let lines: Vec<String> = (0..12)

@@ -38,7 +38,7 @@ pub struct EvalArgs {
     #[arg(long)]
     template: Option<String>,
     /// Sandbox creates per second at most (e2b).
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(long, default_value = "4", value_parser = super::bounds::create_rate)]
     create_rate: f64,
     /// Live sandboxes at once at most (e2b: match your plan, e.g. 20 or 100).
     #[arg(long, default_value_t = 20)]
@@ -75,16 +75,16 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 40)]
     max_tool_actions: u32,
     /// Wall-clock budget of an episode, unless a task sets timeout_s (e.g. 300s, 10m).
-    #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "300s", value_parser = super::bounds::duration)]
     episode_timeout: Duration,
     /// Time limit of one bash tool call.
-    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "120s", value_parser = super::bounds::duration)]
     bash_timeout: Duration,
     /// How long a new runner may take to say hello.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = super::bounds::duration)]
     hello_timeout: Duration,
     /// Per-request timeout of model API calls.
-    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "120s", value_parser = super::bounds::duration)]
     request_timeout: Duration,
     /// What runs in the runner: `builtin` (its own tool-calling loop), `pi` (the real pi
     /// agent loop, its npm packages installed once into a cache under the state dir), or a
@@ -109,9 +109,6 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         return Err(
             UsageError("--resume needs --out DIR: the run directory to resume".into()).into(),
         );
-    }
-    if args.episode_timeout.is_zero() {
-        return Err(UsageError("--episode-timeout must be more than zero".into()).into());
     }
     if args.backend == BackendKind::E2b && usize::from(args.jobs) > args.max_sandboxes {
         // Each running task holds one sandbox; more workers than the cap would only queue
