@@ -578,6 +578,66 @@ fn wait_bounded(child: &mut std::process::Child, limit: Duration) -> std::proces
 }
 
 #[test]
+fn a_second_eval_on_the_same_out_is_refused_and_the_first_finishes_intact() {
+    let env = Env::new();
+    let slow =
+        r#"{"delay_ms": 3000, "tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]}"#;
+    let lines: Vec<String> = (0..4)
+        .map(|i| task(&format!("t{i}"), &format!(r#""model_script": [{slow}]"#)))
+        .collect();
+    let tasks = env.write_tasks(&lines);
+    let out = env.out();
+    let mut first = env
+        .cmd(&[
+            "eval",
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "-j",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The first run is under way once it made its transcripts directory.
+    let pid = first.id().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !out.join("transcripts").exists() {
+        assert!(Instant::now() < deadline, "the first eval never started");
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "the first eval ended early"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let o = env.eval(&tasks, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("pid {pid}")), "{err}");
+
+    let status = wait_bounded(&mut first, Duration::from_secs(120));
+    assert_eq!(status.code(), Some(0));
+    let results = env.results();
+    let mut ids: Vec<&str> = results.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["t0", "t1", "t2", "t3"], "{results:?}");
+    assert!(
+        results.iter().all(|r| r["status"] == "passed"),
+        "{results:?}"
+    );
+    for id in ids {
+        let starts = transcript_frames(&env, id)
+            .iter()
+            .filter(|f| f["type"] == "episode_start")
+            .count();
+        assert_eq!(starts, 1, "{id}");
+    }
+}
+
+#[test]
 fn ctrl_c_keeps_finished_results_and_kills_every_sandbox() {
     let env = Env::new();
     let lines: Vec<String> = (0..40)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use wmo_e2b::cancel::CancelToken;
-use wmo_e2b::eval::{self, results, EvalLimits, EvalRun, EvalSummary, Harness};
+use wmo_e2b::eval::{self, results, run_lock, EvalLimits, EvalRun, EvalSummary, Harness};
 use wmo_e2b::provider::Provider;
 use wmo_e2b::report::{self, ReportMode};
 use wmo_e2b::runner::BootstrapOpts;
@@ -124,6 +124,12 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     let out_dir = args.out.clone().unwrap_or_else(default_out_dir);
     std::fs::create_dir_all(&out_dir)
         .with_context(|| format!("cannot create the output directory {}", out_dir.display()))?;
+    // Held to the end of the run, before anything reads or writes the directory.
+    let _out_lock = run_lock::lock_out_dir(&out_dir).map_err(|e| match e {
+        // Two runs chose one --out: the user's to change.
+        run_lock::RunLockError::Held { .. } => UsageError(e.to_string()).into(),
+        other => anyhow::Error::new(other),
+    })?;
     let done = if args.resume {
         let path = out_dir.join("results.jsonl");
         let finished = results::finished_ids(&path)?;

@@ -5,6 +5,7 @@
 //! writes JSON.
 
 pub mod results;
+pub mod run_lock;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
