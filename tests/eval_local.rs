@@ -638,6 +638,77 @@ fn a_second_eval_on_the_same_out_is_refused_and_the_first_finishes_intact() {
 }
 
 #[test]
+fn results_that_cannot_be_written_stop_the_run_with_exit_3() {
+    use std::os::unix::process::CommandExt;
+    // Files this eval may grow to at most (RLIMIT_FSIZE): the runner and transcripts fit,
+    // results.jsonl, already nearly this big, does not.
+    const LIMIT: usize = 1 << 20;
+    let env = Env::new();
+    let lines: Vec<String> = (0..3)
+        .map(|i| task(&format!("t{i}"), &format!(r#""model_script": [{SUBMIT}]"#)))
+        .collect();
+    let tasks = env.write_tasks(&lines);
+    let out = env.out();
+    std::fs::create_dir_all(&out).unwrap();
+    let frame = r#"{"id":"old","status":"passed","pad":""}"#.len() + 1;
+    let old = format!(
+        "{{\"id\":\"old\",\"status\":\"passed\",\"pad\":\"{}\"}}\n",
+        "x".repeat(LIMIT - 10 - frame)
+    );
+    std::fs::write(out.join("results.jsonl"), &old).unwrap();
+
+    let mut cmd = env.cmd(&[
+        "eval",
+        "--tasks",
+        tasks.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "-j",
+        "1",
+        "--json",
+    ]);
+    // SAFETY: setrlimit and signal are async-signal-safe, as pre_exec requires. With
+    // SIGXFSZ ignored, a write past the limit fails with EFBIG instead of killing the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: LIMIT as libc::rlim_t,
+                rlim_max: LIMIT as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let events: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert!(
+        events.iter().any(|e| e["type"] == "results_failed"),
+        "{stdout}"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "summary", "{stdout}");
+    let fatal = last["summary"]["fatal"].as_str().unwrap_or_default();
+    assert!(fatal.contains("cannot append to results file"), "{stdout}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["fatal"], last["summary"]["fatal"], "{summary}");
+    // The run stopped scheduling after the failed write.
+    assert!(summary["not_run"].as_u64().unwrap() >= 1, "{summary}");
+    let results = std::fs::read(out.join("results.jsonl")).unwrap();
+    assert_eq!(results.len(), LIMIT);
+    assert!(results.starts_with(old.as_bytes()));
+    assert!(env.live_sandboxes().is_empty());
+}
+
+#[test]
 fn ctrl_c_keeps_finished_results_and_kills_every_sandbox() {
     let env = Env::new();
     let lines: Vec<String> = (0..40)

@@ -265,7 +265,8 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     // The run dropped its sender; the reporter drains and returns.
     let records = reporter.join().unwrap_or_default();
     let summary = outcome?;
-    write_summary(&out_dir, &summary)?;
+    // Shown even when it cannot be saved: the summary is how a run that stopped says why.
+    let saved = write_summary(&out_dir, &summary);
     if args.json {
         println!(
             "{}",
@@ -278,6 +279,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         }
         println!("results: {}", out_dir.join("results.jsonl").display());
     }
+    saved?;
     Ok(exit_for(
         &summary,
         interrupted.load(std::sync::atomic::Ordering::SeqCst),

@@ -102,7 +102,9 @@ pub struct EvalSummary {
     pub wall_seconds: f64,
     /// Kills the pool could not prove at close.
     pub cleanup_error: Option<String>,
-    /// Why the run stopped early, when a problem made every task fail the same way.
+    /// Why the run stopped early, when a problem made every task fail the same way (a
+    /// runner that cannot start) or made going on pointless (results that cannot be
+    /// written).
     pub fatal: Option<String>,
 }
 
@@ -230,9 +232,10 @@ pub fn run(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
             let record = run_task(run, task, &transcripts);
             // The record is on disk before anyone hears of it.
             if let Err(e) = writer.append(&record) {
-                let _ = run.events.send(EvalEvent::ResultsFailed {
-                    message: error_chain(&e),
-                });
+                let message = error_chain(&e);
+                // Results that cannot be kept make the run pointless: stop, and say why.
+                let _ = run.fatal.set(message.clone());
+                let _ = run.events.send(EvalEvent::ResultsFailed { message });
                 run.cancel.cancel();
             }
             lock(&summary).add(&record);
@@ -245,7 +248,10 @@ pub fn run(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     if let Err(e) = run.pool.close() {
         summary.cleanup_error = Some(error_chain(&e));
     }
-    writer.sync()?;
+    // Reported in the summary, not instead of it: what was written stays, and says so.
+    if let Err(e) = writer.sync() {
+        let _ = run.fatal.set(error_chain(&e));
+    }
     summary.sandboxes = run.pool.usage();
     summary.fatal = run.fatal.get().cloned();
     summary.wall_seconds = started.elapsed().as_secs_f64();
