@@ -10,10 +10,10 @@ use clap::{Parser, Subcommand};
 /// model and tool call.
 ///
 /// Exit codes: 0 every task passed; 1 the run finished but some task failed or errored;
-/// 2 bad usage or input (options, tasks file); 3 infrastructure failure (a backend that
-/// cannot start, a model API that refuses the key or does not know the model, results that
-/// cannot be written, sandboxes whose kill could not be proven);
-/// 130 interrupted (Ctrl-C).
+/// 2 bad usage or input (options, tasks file, an --out another eval is writing to);
+/// 3 infrastructure failure (a backend that cannot start, a model API that refuses the key or
+/// does not know the model, results that cannot be written, sandboxes whose kill could not be
+/// proven); 130 interrupted (Ctrl-C).
 #[derive(Parser)]
 #[command(name = "wmo-e2b", version, about, long_about = None)]
 struct Cli {

@@ -63,7 +63,17 @@ pub struct Task {
     pub world_script: Option<Vec<ScriptStep>>,
 }
 
-/// A task that cannot be run, named by file and line.
+/// Bad lines named one by one; any more are only counted.
+pub const MAX_BAD_LINES: usize = 20;
+
+/// One line that cannot be run, and why (the message names the field).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadLine {
+    pub line: usize,
+    pub message: String,
+}
+
+/// A tasks file that cannot be run, named by file and line.
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
     #[error("cannot read tasks file {path}")]
@@ -72,17 +82,34 @@ pub enum TaskError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}:{line}: {message}")]
+    /// Every bad line up to [`MAX_BAD_LINES`], like a compiler, so one run finds them all.
+    #[error("{}", bad_lines_text(.path, .lines, *.more))]
     Invalid {
         path: PathBuf,
-        line: usize,
-        message: String,
+        lines: Vec<BadLine>,
+        /// Bad lines past the first [`MAX_BAD_LINES`].
+        more: usize,
     },
     #[error("{path}: the file holds no tasks")]
     Empty { path: PathBuf },
 }
 
-/// Reads and validates every line; the first bad line is the error.
+fn bad_lines_text(path: &Path, lines: &[BadLine], more: usize) -> String {
+    let mut text = lines
+        .iter()
+        .map(|b| format!("{}:{}: {}", path.display(), b.line, b.message))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if more > 0 {
+        text.push_str(&format!(
+            "\n... and {more} more bad line{}",
+            if more == 1 { "" } else { "s" }
+        ));
+    }
+    text
+}
+
+/// Reads and validates every line; the error lists every bad line.
 pub fn load_tasks(path: &Path) -> Result<Vec<Task>, TaskError> {
     let text = std::fs::read_to_string(path).map_err(|source| TaskError::Read {
         path: path.to_path_buf(),
@@ -93,6 +120,9 @@ pub fn load_tasks(path: &Path) -> Result<Vec<Task>, TaskError> {
 
 pub fn parse_tasks(path: &Path, text: &str) -> Result<Vec<Task>, TaskError> {
     let mut tasks = Vec::new();
+    let mut bad = Vec::new();
+    let mut more = 0;
+    // Ids of every line that parsed, valid or not: a repeat is a bad line either way.
     let mut seen: HashSet<String> = HashSet::new();
     for (i, line) in text.lines().enumerate() {
         let line_no = i + 1;
@@ -100,20 +130,30 @@ pub fn parse_tasks(path: &Path, text: &str) -> Result<Vec<Task>, TaskError> {
         if trimmed.is_empty() || trimmed.starts_with("//") {
             continue;
         }
-        let invalid = |message: String| TaskError::Invalid {
-            path: path.to_path_buf(),
-            line: line_no,
-            message,
-        };
-        let task: Task = parse_line(trimmed).map_err(invalid)?;
-        validate(&task).map_err(invalid)?;
-        if !seen.insert(task.id.clone()) {
-            return Err(invalid(format!(
-                "field `id`: duplicate task id {:?} (ids must be unique)",
-                task.id
-            )));
+        let checked = parse_line(trimmed).and_then(|task| {
+            if !seen.insert(task.id.clone()) {
+                return Err(format!(
+                    "field `id`: duplicate task id {:?} (ids must be unique)",
+                    task.id
+                ));
+            }
+            validate(&task).map(|()| task)
+        });
+        match checked {
+            Ok(task) => tasks.push(task),
+            Err(_) if bad.len() >= MAX_BAD_LINES => more += 1,
+            Err(message) => bad.push(BadLine {
+                line: line_no,
+                message,
+            }),
         }
-        tasks.push(task);
+    }
+    if !bad.is_empty() {
+        return Err(TaskError::Invalid {
+            path: path.to_path_buf(),
+            lines: bad,
+            more,
+        });
     }
     if tasks.is_empty() {
         return Err(TaskError::Empty {
@@ -165,9 +205,7 @@ fn validate(task: &Task) -> Result<(), String> {
     if task.instruction.trim().is_empty() {
         return Err("field `instruction`: must not be empty".into());
     }
-    for path in task.files.keys() {
-        crate::sandbox::contained_path("/w", path).map_err(|e| format!("field `files`: {e}"))?;
-    }
+    check_file_paths(&task.files)?;
     if let Some(t) = task.timeout_s {
         if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
             return Err(format!(
@@ -196,6 +234,35 @@ fn validate(task: &Task) -> Result<(), String> {
                         call.name
                     ));
                 }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses paths that escape the workspace, and paths that could not all be written: two
+/// keys naming one file (`a`, `./a`), or a file that another key needs as a directory (`a`,
+/// `a/b`). Caught here, they would fail mid-run on a sandbox that did nothing wrong.
+fn check_file_paths(files: &BTreeMap<String, String>) -> Result<(), String> {
+    let mut named: BTreeMap<String, &str> = BTreeMap::new();
+    for key in files.keys() {
+        let norm = crate::sandbox::normalize_relative(key)
+            .map_err(|reason| format!("field `files`: path {key:?} is not allowed: {reason}"))?;
+        if let Some(first) = named.get(&norm) {
+            return Err(format!(
+                "field `files`: {first:?} and {key:?} name the same file"
+            ));
+        }
+        named.insert(norm, key);
+    }
+    for (norm, key) in &named {
+        let mut parent = norm.as_str();
+        while let Some(cut) = parent.rfind('/') {
+            parent = &parent[..cut];
+            if let Some(file) = named.get(parent) {
+                return Err(format!(
+                    "field `files`: {file:?} is a file, so it cannot also be the directory holding {key:?}"
+                ));
             }
         }
     }
@@ -266,6 +333,53 @@ mod tests {
         assert!(e.contains("bogus"), "{e}");
 
         assert!(matches!(parse("\n\n"), Err(TaskError::Empty { .. })));
+    }
+
+    #[test]
+    fn file_paths_that_cannot_all_be_written_are_refused() {
+        let with_files = |files: &str| {
+            parse(&format!(
+                r#"{{"id":"a","instruction":"x","files":{files}}}"#
+            ))
+        };
+        for (files, needle) in [
+            (r#"{"a":"1","a/b":"2"}"#, "directory"),
+            (r#"{"x/a":"1","x/a/b/c":"2"}"#, "directory"),
+            (r#"{"a":"1","./a":"2"}"#, "same file"),
+            (r#"{"d//a":"1","d/a":"2"}"#, "same file"),
+        ] {
+            let e = with_files(files).unwrap_err().to_string();
+            assert!(e.starts_with("t.jsonl:1:"), "{files}: {e}");
+            assert!(e.contains("`files`") && e.contains(needle), "{files}: {e}");
+        }
+        // Siblings and a shared parent directory are fine.
+        assert!(with_files(r#"{"a/b":"1","a/c":"2","ab":"3","a.txt":"4"}"#).is_ok());
+    }
+
+    #[test]
+    fn every_bad_line_is_reported_up_to_a_bound() {
+        let good = |id: &str| format!(r#"{{"id":"{id}","instruction":"x"}}"#);
+        let mut lines = vec![good("a"), "{oops".to_string(), good("a")];
+        lines.push(r#"{"id":"b","instruction":"x","timeout_s":-1}"#.into());
+        let e = parse(&lines.join("\n")).unwrap_err().to_string();
+        let reported: Vec<&str> = e.lines().collect();
+        assert_eq!(reported.len(), 3, "{e}");
+        assert!(reported[0].starts_with("t.jsonl:2:"), "{e}");
+        assert!(
+            reported[1].starts_with("t.jsonl:3:") && reported[1].contains("duplicate"),
+            "{e}"
+        );
+        assert!(
+            reported[2].starts_with("t.jsonl:4:") && reported[2].contains("`timeout_s`"),
+            "{e}"
+        );
+
+        let many: Vec<String> = (0..25).map(|_| "{oops".to_string()).collect();
+        let e = parse(&many.join("\n")).unwrap_err().to_string();
+        let reported: Vec<&str> = e.lines().collect();
+        assert_eq!(reported.len(), MAX_BAD_LINES + 1, "{e}");
+        assert!(reported[19].starts_with("t.jsonl:20:"), "{e}");
+        assert_eq!(reported[20], "... and 5 more bad lines", "{e}");
     }
 
     #[test]

@@ -131,6 +131,38 @@ fn put_get_exec_and_close() {
 }
 
 #[test]
+fn timeouts_out_of_range_are_refused_before_anything_starts() {
+    let env = Env::new();
+    let before = env.sandbox_id();
+    for args in [
+        &["project", "create", "short", "--timeout", "0s"][..],
+        &["project", "create", "long", "--timeout", "8d"],
+        &["project", "exec", "demo", "--timeout", "0s", "--", "true"],
+        &[
+            "project",
+            "run",
+            "demo",
+            "--instruction",
+            "x",
+            "--timeout",
+            "0s",
+        ],
+    ] {
+        let o = env.run(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("--timeout") && err.contains("from 1s to 7days"),
+            "{err}"
+        );
+    }
+    let o = env.run(&["project", "list", "--json"]);
+    let all: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(env.sandbox_id(), before);
+}
+
+#[test]
 fn hostile_paths_are_rejected_by_name() {
     let env = Env::new();
     for bad in ["../escape", "/etc/passwd", "a/../../b", ""] {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use wmo_e2b::cancel::CancelToken;
-use wmo_e2b::eval::{self, results, EvalLimits, EvalRun, EvalSummary, Harness};
+use wmo_e2b::eval::{self, results, run_lock, EvalLimits, EvalRun, EvalSummary, Harness};
 use wmo_e2b::provider::Provider;
 use wmo_e2b::report::{self, ReportMode};
 use wmo_e2b::runner::BootstrapOpts;
@@ -38,7 +38,7 @@ pub struct EvalArgs {
     #[arg(long)]
     template: Option<String>,
     /// Sandbox creates per second at most (e2b).
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(long, default_value = "4", value_parser = super::bounds::create_rate)]
     create_rate: f64,
     /// Live sandboxes at once at most (e2b: match your plan, e.g. 20 or 100).
     #[arg(long, default_value_t = 20)]
@@ -75,16 +75,16 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 40)]
     max_tool_actions: u32,
     /// Wall-clock budget of an episode, unless a task sets timeout_s (e.g. 300s, 10m).
-    #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "300s", value_parser = super::bounds::duration)]
     episode_timeout: Duration,
     /// Time limit of one bash tool call.
-    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "120s", value_parser = super::bounds::duration)]
     bash_timeout: Duration,
     /// How long a new runner may take to say hello.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = super::bounds::duration)]
     hello_timeout: Duration,
     /// Per-request timeout of model API calls.
-    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "120s", value_parser = super::bounds::duration)]
     request_timeout: Duration,
     /// What runs in the runner: `builtin` (its own tool-calling loop), `pi` (the real pi
     /// agent loop, its npm packages installed once into a cache under the state dir), or a
@@ -110,9 +110,6 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             UsageError("--resume needs --out DIR: the run directory to resume".into()).into(),
         );
     }
-    if args.episode_timeout.is_zero() {
-        return Err(UsageError("--episode-timeout must be more than zero".into()).into());
-    }
     if args.backend == BackendKind::E2b && usize::from(args.jobs) > args.max_sandboxes {
         // Each running task holds one sandbox; more workers than the cap would only queue
         // behind it and time out.
@@ -127,8 +124,23 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     let out_dir = args.out.clone().unwrap_or_else(default_out_dir);
     std::fs::create_dir_all(&out_dir)
         .with_context(|| format!("cannot create the output directory {}", out_dir.display()))?;
+    // Held to the end of the run, before anything reads or writes the directory.
+    let _out_lock = run_lock::lock_out_dir(&out_dir).map_err(|e| match e {
+        // Two runs chose one --out: the user's to change.
+        run_lock::RunLockError::Held { .. } => UsageError(e.to_string()).into(),
+        other => anyhow::Error::new(other),
+    })?;
     let done = if args.resume {
-        results::finished_ids(&out_dir.join("results.jsonl"))?
+        let path = out_dir.join("results.jsonl");
+        let finished = results::finished_ids(&path)?;
+        if finished.unreadable > 0 {
+            eprintln!(
+                "warning: skipped {} unreadable line(s) of {} (a line torn by a crash, say); their tasks run again",
+                finished.unreadable,
+                path.display()
+            );
+        }
+        finished.ids
     } else {
         Default::default()
     };
@@ -253,7 +265,8 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     // The run dropped its sender; the reporter drains and returns.
     let records = reporter.join().unwrap_or_default();
     let summary = outcome?;
-    write_summary(&out_dir, &summary)?;
+    // Shown even when it cannot be saved: the summary is how a run that stopped says why.
+    let saved = write_summary(&out_dir, &summary);
     if args.json {
         println!(
             "{}",
@@ -266,6 +279,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         }
         println!("results: {}", out_dir.join("results.jsonl").display());
     }
+    saved?;
     Ok(exit_for(
         &summary,
         interrupted.load(std::sync::atomic::Ordering::SeqCst),

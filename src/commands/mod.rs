@@ -1,5 +1,6 @@
 //! One module per subcommand: parse options, wire library components, print.
 
+pub mod bounds;
 pub mod emulator;
 pub mod eval;
 pub mod project;

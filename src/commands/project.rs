@@ -26,7 +26,7 @@ pub enum ProjectCommand {
         #[arg(long)]
         template: Option<String>,
         /// Sandbox lifetime (a later command replaces an expired sandbox from the mirror).
-        #[arg(long, default_value = "6h", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "6h", value_parser = super::bounds::duration)]
         timeout: Duration,
     },
     /// List projects.
@@ -62,7 +62,7 @@ pub enum ProjectCommand {
     /// Run a command with bash in the project workspace; exits with its exit code.
     Exec {
         name: String,
-        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "60s", value_parser = super::bounds::duration)]
         timeout: Duration,
         /// Default: the backend the project was created on.
         #[arg(long, value_enum)]
@@ -108,7 +108,7 @@ pub enum ProjectCommand {
         /// Project paths the agent may write (repeatable); without it every path is writable.
         #[arg(long, value_name = "PATH")]
         writable: Vec<String>,
-        #[arg(long, default_value = "6h", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "6h", value_parser = super::bounds::duration)]
         timeout: Duration,
         /// Where to append the turn's events (JSON Lines).
         #[arg(long, value_name = "FILE")]

@@ -16,7 +16,7 @@ pub struct ReapArgs {
     #[arg(long)]
     dry_run: bool,
     /// Also reap tagged sandboxes with no lease here once they are older than this (e.g. 2h).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = super::bounds::age)]
     older_than: Option<Duration>,
     /// Also reap tagged sandboxes with no lease here (another host's, a lost state dir),
     /// unless their owner is provably alive.

@@ -49,6 +49,21 @@ fn not_found(id: &str) -> Response {
     )
 }
 
+/// Checks a control-plane request from its head alone, before its body is read: a request
+/// without the key is answered 401 without taking in a body of up to 256 MiB first.
+pub(super) fn admit(shared: &Shared, head: &Request) -> Option<Response> {
+    if is_health(head) || authorized(shared, head) {
+        None
+    } else {
+        Some(api_error(401, "Invalid API key"))
+    }
+}
+
+/// The API's own health check, which needs no key.
+fn is_health(req: &Request) -> bool {
+    req.method == "GET" && req.path.trim_matches('/') == "health"
+}
+
 pub(super) fn handle(shared: &Shared, req: &Request) -> Response {
     let segments: Vec<&str> = req
         .path
@@ -57,12 +72,12 @@ pub(super) fn handle(shared: &Shared, req: &Request) -> Response {
         .filter(|s| !s.is_empty())
         .collect();
     let method = req.method.as_str();
-    // The API's own health check needs no key.
-    if method == "GET" && segments == ["health"] {
+    if is_health(req) {
         return Response::empty(204);
     }
-    if !authorized(shared, req) {
-        return api_error(401, "Invalid API key");
+    // Also checked by `admit` before the body was read; kept so `handle` stands alone.
+    if let Some(refused) = admit(shared, req) {
+        return refused;
     }
     match (method, segments.as_slice()) {
         ("POST", ["sandboxes"]) => create(shared, req, Version::V1),

@@ -38,6 +38,11 @@ const ACCEPT_POLL: Duration = Duration::from_millis(200);
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// Connections served at once; more are answered 503 and closed.
 const MAX_CONNECTIONS: usize = 1024;
+/// After answering a request whose body we did not read, how long and how much of that body
+/// we still swallow before closing, so the close does not reset the connection (and lose
+/// the answer) while the client is still sending.
+const UNREAD_LINGER: Duration = Duration::from_secs(2);
+const UNREAD_LINGER_BYTES: usize = 1 << 20;
 
 /// One parsed request, its body read in full.
 pub(super) struct Request {
@@ -273,6 +278,13 @@ fn reason(status: u16) -> &'static str {
 
 /// What serves the requests.
 pub(super) trait Handler: Send + Sync + 'static {
+    /// Sees a request once its head is read, before its body (`head.body` is empty). An
+    /// answer here is sent at once and the body is never read (a request that carried one
+    /// then ends its connection); `None` lets the request through to `handle`.
+    fn admit(&self, _head: &Request) -> Option<Response> {
+        None
+    }
+
     fn handle(&self, req: Request, out: &mut Responder<'_>);
 }
 
@@ -429,7 +441,7 @@ fn serve(server: &Server, stream: TcpStream, handler: &dyn Handler) {
         if server.is_stopping() {
             return;
         }
-        let (req, keep_alive) = match read_request(&mut conn) {
+        let (mut req, keep_alive, framing) = match read_head(&mut conn) {
             Ok(r) => r,
             Err(ReadError::Closed) => return,
             Err(ReadError::Bad(status, message)) => {
@@ -442,6 +454,33 @@ fn serve(server: &Server, stream: TcpStream, handler: &dyn Handler) {
             sent: false,
             status: 0,
             close: false,
+        };
+        if let Some(resp) = handler.admit(&req) {
+            // An unread body would be taken for the next request: such a connection ends.
+            let unread = framing.has_body();
+            let resp = if unread || !keep_alive {
+                resp.with_header("Connection", "close")
+            } else {
+                resp
+            };
+            let _ = out.send(resp);
+            if unread {
+                close_unread(&stream);
+                return;
+            }
+            if out.close || !keep_alive {
+                let _ = stream.shutdown(Shutdown::Both);
+                return;
+            }
+            continue;
+        }
+        req.body = match read_body(&mut conn, framing) {
+            Ok(body) => body,
+            Err(ReadError::Closed) => return,
+            Err(ReadError::Bad(status, message)) => {
+                refuse(&stream, status, message);
+                return;
+            }
         };
         handler.handle(req, &mut out);
         if !out.sent {
@@ -456,6 +495,28 @@ fn serve(server: &Server, stream: TcpStream, handler: &dyn Handler) {
             return;
         }
     }
+}
+
+/// Ends a connection after answering a request whose body was not read: our side first (the
+/// client sees the answer, then end of stream), then a bounded drain of what the client is
+/// still sending, so closing with unread bytes does not reset the connection under the
+/// answer.
+fn close_unread(stream: &TcpStream) {
+    let _ = stream.shutdown(Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(UNREAD_LINGER));
+    let until = std::time::Instant::now() + UNREAD_LINGER;
+    let mut chunk = [0u8; 16 * 1024];
+    let mut drained = 0;
+    let mut r = stream;
+    while drained < UNREAD_LINGER_BYTES && std::time::Instant::now() < until {
+        match r.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => drained += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let _ = stream.shutdown(Shutdown::Both);
 }
 
 /// A connection's read side with the bytes read past the current request.
@@ -512,7 +573,23 @@ impl ConnReader<'_> {
     }
 }
 
-fn read_request(conn: &mut ConnReader<'_>) -> Result<(Request, bool), ReadError> {
+/// How a request's body is framed.
+struct Framing {
+    chunked: bool,
+    /// `Content-Length` (0 without one); unused when chunked.
+    length: usize,
+    /// `Expect: 100-continue`: the client waits for our go-ahead before sending the body.
+    expects_continue: bool,
+}
+
+impl Framing {
+    fn has_body(&self) -> bool {
+        self.chunked || self.length > 0
+    }
+}
+
+/// Reads a request's head; the body is left on the connection for `read_body`.
+fn read_head(conn: &mut ConnReader<'_>) -> Result<(Request, bool, Framing), ReadError> {
     let _ = conn.stream.set_read_timeout(Some(IDLE_TIMEOUT));
     let head_len = loop {
         if let Some(i) = memchr::memmem::find(&conn.buf, b"\r\n\r\n") {
@@ -580,14 +657,10 @@ fn read_request(conn: &mut ConnReader<'_>) -> Result<(Request, bool), ReadError>
     if length.is_some_and(|n| n > MAX_BODY_BYTES) {
         return Err(ReadError::Bad(413, "request body too large"));
     }
-    if header("expect").is_some_and(|e| e.eq_ignore_ascii_case("100-continue")) {
-        let mut w = conn.stream;
-        let _ = w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
-    }
-    let body = if chunked {
-        read_chunked(conn)?
-    } else {
-        conn.take(length.unwrap_or(0))?
+    let framing = Framing {
+        chunked,
+        length: length.unwrap_or(0),
+        expects_continue: header("expect").is_some_and(|e| e.eq_ignore_ascii_case("100-continue")),
     };
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p, q),
@@ -599,10 +672,25 @@ fn read_request(conn: &mut ConnReader<'_>) -> Result<(Request, bool), ReadError>
             path: percent_decode(path, false),
             query: parse_query(query),
             headers,
-            body,
+            body: Vec::new(),
         },
         keep_alive,
+        framing,
     ))
+}
+
+/// Reads the body of an admitted request (saying `100 Continue` first when asked, only now
+/// that the request is admitted).
+fn read_body(conn: &mut ConnReader<'_>, framing: Framing) -> Result<Vec<u8>, ReadError> {
+    if framing.expects_continue {
+        let mut w = conn.stream;
+        let _ = w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
+    }
+    if framing.chunked {
+        read_chunked(conn)
+    } else {
+        conn.take(framing.length)
+    }
 }
 
 fn read_chunked(conn: &mut ConnReader<'_>) -> Result<Vec<u8>, ReadError> {

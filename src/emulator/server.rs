@@ -384,6 +384,22 @@ impl SandboxEntry {
 struct Router(Arc<Shared>);
 
 impl Handler for Router {
+    fn admit(&self, head: &Request) -> Option<http::Response> {
+        // envd requests are checked against their sandbox's token, in `handle`.
+        if head.header("e2b-sandbox-id").is_some() {
+            return None;
+        }
+        let refused = control::admit(&self.0, head)?;
+        self.0.requests.fetch_add(1, Ordering::SeqCst);
+        if let Some(log) = &self.0.config.access_log {
+            log(&format!(
+                "{} {} {} (body not read)",
+                head.method, head.path, refused.status
+            ));
+        }
+        Some(refused)
+    }
+
     fn handle(&self, req: Request, out: &mut Responder<'_>) {
         let shared = &self.0;
         shared.requests.fetch_add(1, Ordering::SeqCst);

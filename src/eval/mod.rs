@@ -5,6 +5,7 @@
 //! writes JSON.
 
 pub mod results;
+pub mod run_lock;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use crate::episode::{
 use crate::provider::Provider;
 use crate::runner::shell_quote;
 use crate::sandbox::pool::{Pool, PoolError, PoolUsage, Warm};
-use crate::sandbox::{RunOpts, SandboxError};
+use crate::sandbox::{ErrorClass, RunOpts, SandboxError};
 use crate::task::Task;
 pub use results::{ResultsWriter, Status, TaskRecord};
 use results::{Retries, SandboxRecord, Timings, VerifyRecord};
@@ -101,7 +102,9 @@ pub struct EvalSummary {
     pub wall_seconds: f64,
     /// Kills the pool could not prove at close.
     pub cleanup_error: Option<String>,
-    /// Why the run stopped early, when a problem made every task fail the same way.
+    /// Why the run stopped early, when a problem made every task fail the same way (a
+    /// runner that cannot start) or made going on pointless (results that cannot be
+    /// written).
     pub fatal: Option<String>,
 }
 
@@ -229,9 +232,10 @@ pub fn run(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
             let record = run_task(run, task, &transcripts);
             // The record is on disk before anyone hears of it.
             if let Err(e) = writer.append(&record) {
-                let _ = run.events.send(EvalEvent::ResultsFailed {
-                    message: error_chain(&e),
-                });
+                let message = error_chain(&e);
+                // Results that cannot be kept make the run pointless: stop, and say why.
+                let _ = run.fatal.set(message.clone());
+                let _ = run.events.send(EvalEvent::ResultsFailed { message });
                 run.cancel.cancel();
             }
             lock(&summary).add(&record);
@@ -244,7 +248,10 @@ pub fn run(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     if let Err(e) = run.pool.close() {
         summary.cleanup_error = Some(error_chain(&e));
     }
-    writer.sync()?;
+    // Reported in the summary, not instead of it: what was written stays, and says so.
+    if let Err(e) = writer.sync() {
+        let _ = run.fatal.set(error_chain(&e));
+    }
     summary.sandboxes = run.pool.usage();
     summary.fatal = run.fatal.get().cloned();
     summary.wall_seconds = started.elapsed().as_secs_f64();
@@ -419,10 +426,6 @@ fn episode_in(
     let wall = task
         .timeout_s
         .map_or(run.limits.episode_timeout, Duration::from_secs_f64);
-    let transport = |e: &SandboxError, what: &str, progress: Progress| Attempt::Transport {
-        reason: format!("{what}: {}", error_chain(e)),
-        partial: progress,
-    };
 
     // Workspace: task files, then setup (not in a simulated environment).
     if run.world_model.is_none() {
@@ -476,7 +479,7 @@ fn episode_in(
             progress.tokens.output += p.tokens.output;
             progress.tokens.calls += p.tokens.calls;
             progress.provider_retries += p.provider_retries;
-            let reason = error_chain(&e);
+            let reason = error_text(&e, sandbox.home());
             if e.is_transport() {
                 return (
                     Attempt::Transport {
@@ -527,7 +530,10 @@ fn episode_in(
                     timed_out: out.timed_out,
                     output_tail: format!("{}{}", out.stdout.to_text(), out.stderr.to_text()),
                 }),
-                Err(e) => return (transport(&e, "running verify", progress), false),
+                Err(e) => {
+                    let f = SandboxFailure::new(&e, "running verify", sandbox.home());
+                    return f.end(task, &progress, attempt);
+                }
             }
         }
         _ => None,
@@ -547,15 +553,17 @@ fn prepare_workspace(
     progress: &Progress,
     attempt: u32,
 ) -> Result<(), (Attempt, bool)> {
-    let transport = |e: &SandboxError, what: &str| Attempt::Transport {
-        reason: format!("{what}: {}", error_chain(e)),
-        partial: progress.clone(),
+    let failed = |e: &SandboxError, what: &str| {
+        SandboxFailure::new(e, what, sandbox.home()).end(task, progress, attempt)
     };
     let mut paths = Vec::with_capacity(task.files.len());
     for (rel, content) in &task.files {
         match crate::sandbox::contained_path(ws, rel) {
             Ok(p) => paths.push((p, content)),
-            Err(e) => return Err((setup_error(task, progress, attempt, error_chain(&e)), true)),
+            Err(e) => {
+                let detail = error_text(&e, sandbox.home());
+                return Err((setup_error(task, progress, attempt, detail), true));
+            }
         }
     }
     // The workspace is recreated empty from home, by its home-relative name (command text
@@ -583,13 +591,14 @@ fn prepare_workspace(
             Ok(out) if out.exit_code == Some(0) => {}
             Ok(out) => {
                 let detail = format!("cannot create the workspace: {}", out.stderr.to_text());
+                let detail = without_home(detail, sandbox.home());
                 return Err((setup_error(task, progress, attempt, detail), false));
             }
-            Err(e) => return Err((transport(&e, "creating the workspace"), false)),
+            Err(e) => return Err(failed(&e, "creating the workspace")),
         }
         for (path, content) in &paths {
             if let Err(e) = sandbox.write_file(path, content.as_bytes()) {
-                return Err((transport(&e, "writing task files"), false));
+                return Err(failed(&e, "writing task files"));
             }
         }
         match &setup {
@@ -610,9 +619,79 @@ fn prepare_workspace(
                 out.stdout.to_text(),
                 out.stderr.to_text()
             );
+            let detail = without_home(detail, sandbox.home());
             Err((setup_error(task, progress, attempt, detail), true))
         }
-        Err(e) => Err((transport(&e, "running setup"), false)),
+        Err(e) => Err(failed(&e, "running setup")),
+    }
+}
+
+/// A sandbox call that failed, judged by its class where it was born: a transport failure
+/// (the sandbox or its stream went away) may not recur on a fresh sandbox, so the episode is
+/// replayed; anything else (a path the task names that cannot be written, say) would fail
+/// the same way again, so it is the task's recorded error.
+struct SandboxFailure {
+    transport: bool,
+    /// The sandbox itself is fine: only the request was wrong.
+    reusable: bool,
+    reason: String,
+}
+
+impl SandboxFailure {
+    fn new(e: &SandboxError, what: &str, home: &str) -> SandboxFailure {
+        SandboxFailure {
+            transport: e.is_transport(),
+            reusable: e.class() == ErrorClass::BadRequest,
+            reason: format!("{what}: {}", error_text(e, home)),
+        }
+    }
+
+    /// The attempt's end, and whether the sandbox may be reused.
+    fn end(self, task: &Task, progress: &Progress, attempt: u32) -> (Attempt, bool) {
+        if self.transport {
+            let partial = progress.clone();
+            let reason = self.reason;
+            return (Attempt::Transport { reason, partial }, false);
+        }
+        (
+            setup_error(task, progress, attempt, self.reason),
+            self.reusable,
+        )
+    }
+}
+
+/// An error's text for a result, with the sandbox's home written `~`: on the local backend
+/// the home is a directory of this host, and results are shared beyond it.
+fn error_text(e: &dyn std::error::Error, home: &str) -> String {
+    #[derive(Debug)]
+    struct Text(String);
+    impl std::fmt::Display for Text {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+    impl std::error::Error for Text {}
+
+    let mut text = String::new();
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        // Each part before the chain is collapsed and cut, so no piece of a home survives.
+        text.push_str(&without_home(err.to_string(), home));
+        cur = err.source();
+    }
+    error_chain(&Text(text))
+}
+
+/// `text` with the sandbox's home written `~`.
+fn without_home(text: String, home: &str) -> String {
+    let home = home.trim_end_matches('/');
+    if home.is_empty() {
+        text
+    } else {
+        text.replace(home, "~")
     }
 }
 

@@ -87,6 +87,12 @@ pub enum ResultsError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot read results file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot append to results file {path}")]
     Write {
         path: PathBuf,
@@ -162,13 +168,27 @@ fn ends_without_newline(file: &mut File) -> std::io::Result<bool> {
     Ok(last[0] != b'\n')
 }
 
-/// Ids already finished in an earlier run (see [`is_finished`]). A torn last line (the crash
-/// happened mid-write) is ignored.
-pub fn finished_ids(path: &Path) -> Result<HashSet<String>, ResultsError> {
-    let mut ids = HashSet::new();
+/// What `--resume` learns from an earlier run's results file.
+#[derive(Debug, Default)]
+pub struct Finished {
+    /// Tasks that need not run again.
+    pub ids: HashSet<String>,
+    /// Lines that are no record (torn by a crash mid-write, or not JSON): skipped, so
+    /// their tasks run again.
+    pub unreadable: usize,
+}
+
+/// Longest results line read back; a longer one counts as unreadable rather than being
+/// held whole.
+const MAX_LINE_BYTES: usize = 16 << 20;
+
+/// Reads the results file line by line as raw bytes: a line torn anywhere (even inside a
+/// multibyte character) or otherwise unreadable is counted and skipped, never fatal.
+pub fn finished_ids(path: &Path) -> Result<Finished, ResultsError> {
+    let mut done = Finished::default();
     let file = match File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ids),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(done),
         Err(source) => {
             return Err(ResultsError::Open {
                 path: path.to_path_buf(),
@@ -176,22 +196,110 @@ pub fn finished_ids(path: &Path) -> Result<HashSet<String>, ResultsError> {
             })
         }
     };
-    for line in BufReader::new(file).lines() {
-        let line = line.map_err(|source| ResultsError::Open {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
+    let read_err = |source| ResultsError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut reader = BufReader::new(file);
+    let mut line = Vec::new();
+    let mut overlong = false;
+    loop {
+        let buf = match reader.fill_buf() {
+            Ok(buf) => buf,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(read_err(e)),
         };
-        if !is_finished(&v) {
-            continue;
+        if buf.is_empty() {
+            if overlong || !line.is_empty() {
+                done.take(&line, overlong);
+            }
+            return Ok(done);
         }
-        if let Some(id) = v["id"].as_str() {
-            ids.insert(id.to_string());
+        let (chunk, used, ends) = match memchr::memchr(b'\n', buf) {
+            Some(i) => (&buf[..i], i + 1, true),
+            None => (buf, buf.len(), false),
+        };
+        if !overlong {
+            if line.len() + chunk.len() > MAX_LINE_BYTES {
+                overlong = true;
+                line = Vec::new();
+            } else {
+                line.extend_from_slice(chunk);
+            }
+        }
+        reader.consume(used);
+        if ends {
+            done.take(&line, overlong);
+            line.clear();
+            overlong = false;
         }
     }
-    Ok(ids)
+}
+
+impl Finished {
+    fn take(&mut self, line: &[u8], overlong: bool) {
+        if !overlong && line.iter().all(u8::is_ascii_whitespace) {
+            return;
+        }
+        let record = if overlong {
+            None
+        } else {
+            serde_json::from_slice::<serde_json::Value>(line).ok()
+        };
+        match record.as_ref().and_then(|r| Some((r["id"].as_str()?, r))) {
+            Some((id, r)) if is_finished(r) => {
+                self.ids.insert(id.to_string());
+            }
+            Some(_) => {}
+            None => self.unreadable += 1,
+        }
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_skips_torn_and_unreadable_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("results.jsonl");
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(b"{\"id\":\"a\",\"status\":\"passed\"}\n");
+        bytes.extend_from_slice(b"{\"id\":\"b\",\"status\":\"cancelled\"}\n");
+        bytes.extend_from_slice(b"not json\n\n");
+        bytes.extend_from_slice(b"{\"id\":\"c\",\"status\":\"failed\"}\n");
+        // Torn inside the two-byte "\u{e9}": a crash mid-write.
+        let torn = "{\"id\":\"d\",\"answer\":\"caf\u{e9}\"}".as_bytes();
+        let cut = torn.iter().position(|&b| b >= 0x80).unwrap() + 1;
+        bytes.extend_from_slice(&torn[..cut]);
+        std::fs::write(&path, &bytes).unwrap();
+
+        let done = finished_ids(&path).unwrap();
+        let mut ids: Vec<&str> = done.ids.iter().map(String::as_str).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, ["a", "c"]);
+        assert_eq!(done.unreadable, 2);
+
+        // The writer starts a fresh line after the torn one; resume still reads the rest.
+        let writer = ResultsWriter::open(&path).unwrap();
+        drop(writer);
+        let mut more = std::fs::read(&path).unwrap();
+        more.extend_from_slice(b"{\"id\":\"d\",\"status\":\"passed\"}\n");
+        std::fs::write(&path, &more).unwrap();
+        let done = finished_ids(&path).unwrap();
+        assert!(done.ids.contains("d"), "{:?}", done.ids);
+        assert_eq!(done.unreadable, 2);
+    }
+
+    #[test]
+    fn a_missing_results_file_has_nothing_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let done = finished_ids(&dir.path().join("results.jsonl")).unwrap();
+        assert!(done.ids.is_empty());
+        assert_eq!(done.unreadable, 0);
+    }
 }
 
 /// Whether a recorded task needs no rerun: a cancelled task never finished, and one whose
