@@ -121,6 +121,7 @@ fn new_pool(backend: Arc<LocalBackend>) -> Pool {
             lifetime: pool::lifetime_for(episode),
             bootstrap: BootstrapOpts::default(),
             workspace_dir: "workspace".into(),
+            reuse: true,
         },
     )
 }

@@ -108,6 +108,15 @@ impl Sandbox for NullSandbox {
     fn home(&self) -> &str {
         "/nonexistent"
     }
+    fn system_dir(&self) -> &str {
+        "/nonexistent"
+    }
+    fn seal(&self) -> SbResult<()> {
+        unsupported()
+    }
+    fn reset(&self) -> SbResult<()> {
+        unsupported()
+    }
     fn run(&self, _: &str, _: &RunOpts) -> SbResult<Output> {
         unsupported()
     }
@@ -312,6 +321,7 @@ fn bench_pipe(lines: &[Vec<u8>], n: usize) -> (usize, f64, f64) {
                 cwd: None,
                 envs: Vec::new(),
                 stdin: false,
+                ..SpawnOpts::default()
             },
         )
         .unwrap();

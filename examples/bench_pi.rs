@@ -141,6 +141,7 @@ fn new_pool(backend: Arc<LocalBackend>, modules: Option<&Path>) -> Pool {
             lifetime: pool::lifetime_for(episode),
             bootstrap: bootstrap_opts(modules),
             workspace_dir: "workspace".into(),
+            reuse: true,
         },
     )
 }

@@ -28,8 +28,7 @@ enum Command {
     /// Kill sandboxes that dead runs left behind (never one a live run holds).
     Reap(commands::reap::ReapArgs),
     /// Persistent project sandboxes: create, put, get, exec, stage, snapshot, list, close.
-    #[command(subcommand)]
-    Project(commands::project::ProjectCommand),
+    Project(commands::project::ProjectArgs),
     /// List or kill this tool's sandboxes.
     #[command(subcommand)]
     Sandbox(commands::sandbox::SandboxCommand),

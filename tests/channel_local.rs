@@ -30,16 +30,18 @@ fn garbage_and_oversized_lines_become_diagnostics_and_frames_still_flow() {
     let hello = line(json!({"type": "hello", "protocol": 1}));
     let keep = line(json!({"type": "transport_keepalive"}));
     let after = line(json!({"type": "tool_request", "req_id": 1, "name": "bash"}));
-    std::fs::write(
-        dir.path().join("script"),
+    let script = format!("{}/script", sb.home());
+    sb.write_file(
+        &script,
         format!(
             "printf '%s' '{hello}'\necho 'console noise on stdout'\n\
              head -c 70000000 /dev/zero | tr '\\0' 'A'; echo\n\
              printf '%s' '{keep}'\nprintf '%s' '{after}'\necho 'to stderr' >&2\nsleep 1\nexit 7\n"
-        ),
+        )
+        .as_bytes(),
     )
     .unwrap();
-    let cmd = format!("bash {}", dir.path().join("script").display());
+    let cmd = format!("bash {script}");
     let process = sb.spawn(&cmd, &SpawnOpts::default()).unwrap();
     let mut ch = StdioChannel::new(sb.clone(), process, None);
     let first = ch.recv(Duration::from_secs(20)).unwrap().unwrap();

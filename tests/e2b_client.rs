@@ -838,6 +838,7 @@ fn spawn_streams_events_without_a_process_deadline() {
                 cwd: Some("/home/user/run".into()),
                 envs: Vec::new(),
                 stdin: true,
+                ..SpawnOpts::default()
             },
         )
         .unwrap();

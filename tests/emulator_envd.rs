@@ -418,10 +418,39 @@ fn files_go_up_and_come_down() {
     assert_eq!(download(&emu, &sbx, "/home/user/missing").0, 404);
     assert_eq!(download(&emu, &sbx, "/home/user/d").0, 400);
     assert_eq!(download(&emu, &sbx, "/etc/passwd").0, 400);
+    // /tmp is the sandbox's own, as on E2B; the system directory is root's.
     let (status, _) = upload(
         &emu,
         &sbx,
         "?path=/tmp/x",
+        "application/octet-stream",
+        &[],
+        b"x",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(download(&emu, &sbx, "/tmp/x").1, b"x");
+    let (status, _) = upload(
+        &emu,
+        &sbx,
+        "?path=/opt/wmo-e2b/x",
+        "application/octet-stream",
+        &[],
+        b"x",
+    );
+    assert_eq!(status, 403);
+    let (status, _) = upload(
+        &emu,
+        &sbx,
+        "?path=/opt/wmo-e2b/x&username=root",
+        "application/octet-stream",
+        &[],
+        b"x",
+    );
+    assert_eq!(status, 200);
+    let (status, _) = upload(
+        &emu,
+        &sbx,
+        "?path=/etc/x",
         "application/octet-stream",
         &[],
         b"x",

@@ -72,6 +72,30 @@ impl Env {
             .unwrap_or_else(|| panic!("no result for {id}"))
     }
 
+    /// The directory of a live sandbox whose workspace holds `name`: the host sees what a
+    /// confined sandbox writes only through the state directory.
+    fn sandbox_with(&self, name: &str) -> Option<PathBuf> {
+        std::fs::read_dir(self.home().join("sandboxes"))
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|d| d.join("root/workspace").join(name).exists())
+    }
+
+    /// SIGKILLs the runner of a sandbox behind the tool's back: its process group, found in
+    /// the sandbox's process records.
+    fn kill_runner(&self, sandbox: &Path) {
+        for rec in std::fs::read_dir(sandbox.join("procs")).unwrap().flatten() {
+            let text = std::fs::read_to_string(rec.path()).unwrap_or_default();
+            if text.contains("runner.mjs") {
+                let pid = rec.file_name().to_string_lossy().into_owned();
+                let _ = Command::new("kill")
+                    .args(["-9", "--", &format!("-{pid}")])
+                    .status();
+            }
+        }
+    }
+
     /// Sandboxes the local backend still holds.
     fn live_sandboxes(&self) -> Vec<String> {
         let dir = self.home().join("sandboxes");
@@ -252,21 +276,43 @@ fn stop_reasons_follow_the_episode() {
 #[test]
 fn a_runner_killed_mid_episode_is_replayed_on_a_fresh_sandbox() {
     let env = Env::new();
-    let marker = env.path("killed-once");
-    // The first attempt kills its own runner (the node process whose cwd is this sandbox's
-    // runner dir); the replay finds the marker and leaves it alone.
-    let kill = format!(
-        "if [ ! -e {m} ]; then touch {m}; for p in $(pgrep -f 'node runner.mjs'); do \
-         [ \"$(readlink /proc/$p/cwd)\" = \"$HOME/.wmo-runner\" ] && kill -9 $p; done; sleep 2; fi; echo alive",
-        m = marker.display()
-    );
-    let step =
-        serde_json::json!({"tool_calls": [{"name": "bash", "arguments": {"command": kill}}]});
+    // The first attempt's runner is killed from outside while its tool call runs (a
+    // confined task cannot see the runner to kill it itself); the replay runs undisturbed.
+    let step = serde_json::json!({"tool_calls": [{"name": "bash",
+        "arguments": {"command": "touch started; sleep 2; echo alive"}}]});
     let tasks = env.write_tasks(&[task(
         "phoenix",
         &format!(r#""model_script": [{step}, {SUBMIT}]"#),
     )]);
-    let o = env.eval(&tasks, &[]);
+    // Runs the eval, killing the runner of the first sandbox whose tool call starts.
+    let run = |extra: &[&str]| {
+        let out = env.out();
+        let mut args = vec![
+            "eval",
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let child = env
+            .cmd(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let first = loop {
+            if let Some(dir) = env.sandbox_with("started") {
+                break dir;
+            }
+            assert!(Instant::now() < deadline, "the tool call never started");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        env.kill_runner(&first);
+        child.wait_with_output().unwrap()
+    };
+    let o = run(&[]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let r = env.result("phoenix");
     assert_eq!(r["status"], "passed", "{r}");
@@ -275,9 +321,8 @@ fn a_runner_killed_mid_episode_is_replayed_on_a_fresh_sandbox() {
     assert!(env.live_sandboxes().is_empty());
 
     // With no retries allowed, the same death is an `error`, never `max_turns`.
-    std::fs::remove_file(&marker).unwrap();
     std::fs::remove_dir_all(env.out()).unwrap();
-    let o = env.eval(&tasks, &["--transport-retries", "0"]);
+    let o = run(&["--transport-retries", "0"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let r = env.result("phoenix");
     assert_eq!(r["status"], "error", "{r}");
@@ -1007,9 +1052,8 @@ fn an_openai_compatible_model_drives_the_episode_and_its_key_stays_on_the_host()
 #[test]
 fn the_first_ctrl_c_cancels_a_long_tool_call_promptly() {
     let env = Env::new();
-    let marker = env.path("started");
     let step = serde_json::json!({"tool_calls": [{"name": "bash",
-        "arguments": {"command": format!("touch {}; sleep 120", marker.display())}}]});
+        "arguments": {"command": "touch started; sleep 120"}}]});
     let tasks = env.write_tasks(&[task(
         "slow",
         &format!(r#""model_script": [{step}, {SUBMIT}]"#),
@@ -1028,7 +1072,7 @@ fn the_first_ctrl_c_cancels_a_long_tool_call_promptly() {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !marker.exists() {
+    while env.sandbox_with("started").is_none() {
         assert!(Instant::now() < deadline, "the tool call never started");
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -1,7 +1,6 @@
 //! Project turns through the library: a turn survives a dropped output stream without
 //! replaying work, and a dead runner is replaced and the turn replayed from the mirror.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -61,6 +60,15 @@ impl Sandbox for CutSandbox {
     }
     fn home(&self) -> &str {
         self.inner.home()
+    }
+    fn system_dir(&self) -> &str {
+        self.inner.system_dir()
+    }
+    fn seal(&self) -> Result<()> {
+        self.inner.seal()
+    }
+    fn reset(&self) -> Result<()> {
+        self.inner.reset()
     }
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
         self.inner.run(cmd, opts)
@@ -206,16 +214,13 @@ fn a_turn_survives_a_dropped_output_stream_without_replaying_work() {
 }
 
 /// Kills this test's live runner (the node process whose cwd is under `root`).
-fn kill_live_runner(root: &Path) {
-    let out = std::process::Command::new("pgrep")
-        .args(["-f", "node live.mjs"])
-        .output()
-        .unwrap();
-    for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
-        if cwd.starts_with(root) {
+/// Kills the live runner behind the host's back: its whole process group, as the host
+/// numbers it, leaving the sandbox's own records as they were.
+fn kill_live_runner(sandbox: &dyn Sandbox) {
+    for p in sandbox.processes().unwrap() {
+        if p.cmd.contains("live.mjs") {
             let _ = std::process::Command::new("kill")
-                .args(["-9", pid])
+                .args(["-9", "--", &format!("-{}", p.pid)])
                 .status();
         }
     }
@@ -235,7 +240,7 @@ fn a_dead_runner_is_replaced_and_the_turn_replayed_from_the_mirror() {
     .unwrap();
     project.put("seed.txt", b"from the mirror").unwrap();
     let first = project.state().sandbox_id.clone();
-    let root = dir.path().to_path_buf();
+    let sandbox = project.sandbox().clone();
     let killed = Arc::new(AtomicBool::new(false));
     let k = killed.clone();
     let provider = Counting {
@@ -244,7 +249,7 @@ fn a_dead_runner_is_replaced_and_the_turn_replayed_from_the_mirror() {
         hook_at: 1,
         hook: Box::new(move || {
             if !k.swap(true, Ordering::SeqCst) {
-                kill_live_runner(&root);
+                kill_live_runner(sandbox.as_ref());
             }
         }),
     };
@@ -272,7 +277,7 @@ fn a_dead_runner_is_replaced_and_the_turn_replayed_from_the_mirror() {
     assert_eq!(project.get("b.txt").unwrap(), b"B");
 
     // With bash allowed, the same failure is not replayed: shell writes bypass the mirror.
-    let root = dir.path().to_path_buf();
+    let sandbox = project.sandbox().clone();
     let killed = Arc::new(AtomicBool::new(false));
     let provider = Counting {
         script: FixedScript(write_then_submit()),
@@ -280,7 +285,7 @@ fn a_dead_runner_is_replaced_and_the_turn_replayed_from_the_mirror() {
         hook_at: 1,
         hook: Box::new(move || {
             if !killed.swap(true, Ordering::SeqCst) {
-                kill_live_runner(&root);
+                kill_live_runner(sandbox.as_ref());
             }
         }),
     };

@@ -1,7 +1,6 @@
 //! The bootstrap's hello check against runners that say hello in other ways than ours: a
 //! stand-in `node` on the runner's PATH prints a canned hello, then waits on stdin.
 
-use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +8,7 @@ use serde_json::{json, Value};
 use wmo_e2b::channel::frame;
 use wmo_e2b::runner::{bootstrap, BootstrapOpts, RunnerError};
 use wmo_e2b::sandbox::local::LocalBackend;
-use wmo_e2b::sandbox::{Backend, CreateSpec, Sandbox};
+use wmo_e2b::sandbox::{Backend, CreateSpec, Role, RunOpts, Sandbox};
 
 /// Bootstraps a runner whose `node` answers with `hello`, in a fresh local sandbox.
 fn bootstrap_with_hello(hello: Value) -> Result<Value, RunnerError> {
@@ -21,22 +20,29 @@ fn bootstrap_with_hello(hello: Value) -> Result<Value, RunnerError> {
             ..CreateSpec::default()
         })
         .unwrap();
-    let bin = dir.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
+    // The stand-in lives in the sandbox (a confined runner sees nothing of the host's temp
+    // directories), in a `bin` beside the runner, first on its PATH.
+    let bin = format!("{}/bin", sb.system_dir());
     let line = String::from_utf8(frame::encode(&hello)).unwrap();
-    let node = bin.join("node");
-    std::fs::write(
-        &node,
-        format!("#!/bin/sh\nprintf '%s' '{line}'\nexec cat >/dev/null\n"),
+    sb.write_file(
+        &format!("{bin}/node"),
+        format!("#!/bin/sh\nprintf '%s' '{line}'\nexec cat >/dev/null\n").as_bytes(),
     )
     .unwrap();
-    std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let chmod = sb
+        .run(
+            "chmod 755 bin/node",
+            &RunOpts {
+                cwd: Some(sb.system_dir().to_string()),
+                role: Role::System,
+                ..RunOpts::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(chmod.exit_code, Some(0), "{}", chmod.stderr.to_text());
     let opts = BootstrapOpts {
         hello_timeout: Duration::from_secs(20),
-        envs: vec![(
-            "PATH".to_string(),
-            format!("{}:/usr/bin:/bin", bin.display()),
-        )],
+        envs: vec![("PATH".to_string(), format!("{bin}:/usr/bin:/bin"))],
         ..BootstrapOpts::default()
     };
     let result = bootstrap(&sb, &opts).map(|started| Value::Object(started.hello));

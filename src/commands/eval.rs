@@ -13,12 +13,13 @@ use wmo_e2b::report::{self, ReportMode};
 use wmo_e2b::runner::BootstrapOpts;
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
+use wmo_e2b::sandbox::local::LocalOptions;
 use wmo_e2b::sandbox::pool::{self, Pool, PoolConfig};
 use wmo_e2b::sandbox::{Backend, CreateSpec, Metadata};
 use wmo_e2b::task;
 use wmo_e2b::tree::TreeBounds;
 
-use super::{open_backend_with, BackendKind, Exit, UsageError};
+use super::{open_backend_with, open_local, BackendKind, Exit, LocalArgs, UsageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EnvKind {
@@ -102,6 +103,12 @@ pub struct EvalArgs {
     /// Print events as JSON Lines on stdout instead of the progress and summary table.
     #[arg(long)]
     json: bool,
+    /// Give every task a fresh sandbox instead of resetting a used one (slower; the reset
+    /// already proves each task starts clean).
+    #[arg(long)]
+    no_reuse: bool,
+    #[command(flatten)]
+    local: LocalArgs,
 }
 
 pub fn run(args: EvalArgs) -> Result<Exit> {
@@ -179,27 +186,37 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     // Local sandboxes share one install on the host; remote ones get pi inside themselves
     // (prebaked by the template recipe, or installed at bootstrap).
     let pi_on_host = matches!(harness, Harness::Pi) && args.backend == BackendKind::Local;
-    let pi_modules = if pi_on_host {
-        Some(
-            wmo_e2b::runner::pi::ensure_installed(&wmo_e2b::state::state_dir())
-                .context("cannot install the pi agent packages")?
-                .modules_dir,
-        )
-    } else {
-        None
-    };
     let pi_in_sandbox = matches!(harness, Harness::Pi) && !pi_on_host;
     let run_id = out_dir
         .file_name()
         .map_or_else(|| "eval".to_string(), |n| n.to_string_lossy().into_owned());
     let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &run_id)
         .context("cannot open the lease ledger")?;
+    let (inner, pi_modules): (Arc<dyn Backend>, Option<PathBuf>) = match args.backend {
+        BackendKind::Local => {
+            let mut local = LocalOptions {
+                isolation: args.local.isolation.into(),
+                ..LocalOptions::default()
+            };
+            let install = if pi_on_host {
+                let install = wmo_e2b::runner::pi::ensure_installed(&wmo_e2b::state::state_dir())
+                    .context("cannot install the pi agent packages")?;
+                local.system_read_only.push(install.local_mount());
+                Some(install)
+            } else {
+                None
+            };
+            let backend = open_local(local)?;
+            let modules = install.map(|i| i.modules_seen_by(backend.isolation()));
+            (backend, modules)
+        }
+        BackendKind::E2b => (
+            open_backend_with(args.backend, e2b_options(&args), LocalOptions::default())?,
+            None,
+        ),
+    };
     // Every sandbox of the run is leased before it is created.
-    let backend: Arc<dyn Backend> = Arc::new(LeasedBackend::new(
-        open_backend_with(args.backend, e2b_options(&args))?,
-        ledger,
-        "eval",
-    ));
+    let backend: Arc<dyn Backend> = Arc::new(LeasedBackend::new(inner, ledger, "eval"));
     let max_episode = tasks
         .iter()
         .filter_map(|t| t.timeout_s)
@@ -224,6 +241,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
                 ..BootstrapOpts::default()
             },
             workspace_dir: "workspace".into(),
+            reuse: !args.no_reuse,
         },
     ));
 

@@ -33,31 +33,85 @@ pub enum BackendKind {
     E2b,
 }
 
-/// Opens a backend by kind, with default E2B options.
+/// How local sandboxes are confined: the `--isolation` option of every command that creates
+/// sandboxes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LocalArgs {
+    /// How local sandboxes are confined: `bwrap` (bubblewrap namespaces: a sandbox sees the
+    /// system directories read-only and only its own files; needs the `bubblewrap` package),
+    /// `none` (plain host processes: no boundary, and never reused between tasks), or `auto`
+    /// (bwrap when it works here, else none with a warning).
+    #[arg(long, value_enum, default_value = "auto", global = true)]
+    pub isolation: IsolationArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IsolationArg {
+    Auto,
+    Bwrap,
+    None,
+}
+
+impl From<IsolationArg> for wmo_e2b::sandbox::local::IsolationChoice {
+    fn from(a: IsolationArg) -> Self {
+        use wmo_e2b::sandbox::local::IsolationChoice;
+        match a {
+            IsolationArg::Auto => IsolationChoice::Auto,
+            IsolationArg::Bwrap => IsolationChoice::Bwrap,
+            IsolationArg::None => IsolationChoice::None,
+        }
+    }
+}
+
+/// Opens a backend by kind, for commands that never create sandboxes.
 pub fn open_backend(
     kind: BackendKind,
 ) -> anyhow::Result<std::sync::Arc<dyn wmo_e2b::sandbox::Backend>> {
-    open_backend_with(kind, wmo_e2b::sandbox::e2b::E2bOptions::default())
+    open_backend_with(
+        kind,
+        wmo_e2b::sandbox::e2b::E2bOptions::default(),
+        wmo_e2b::sandbox::local::LocalOptions::default(),
+    )
 }
 
-/// Opens a backend by kind; `e2b` options apply to the E2B backend only.
+/// Opens a backend by kind; `e2b` options apply to the E2B backend, `local` to the local one.
 pub fn open_backend_with(
     kind: BackendKind,
     e2b: wmo_e2b::sandbox::e2b::E2bOptions,
+    local: wmo_e2b::sandbox::local::LocalOptions,
 ) -> anyhow::Result<std::sync::Arc<dyn wmo_e2b::sandbox::Backend>> {
-    use anyhow::Context;
     match kind {
-        BackendKind::Local => {
-            let backend = wmo_e2b::sandbox::local::LocalBackend::open(&wmo_e2b::state::state_dir())
-                .context("cannot open the local sandbox backend")?;
-            Ok(backend)
-        }
+        BackendKind::Local => Ok(open_local(local)?),
         BackendKind::E2b => {
             let backend = wmo_e2b::sandbox::e2b::E2bBackend::from_env(e2b)
                 .map_err(|e| UsageError(format!("cannot use the e2b backend: {e}")))?;
             Ok(backend)
         }
     }
+}
+
+/// Opens the local backend and says, once, when its sandboxes are no boundary.
+pub fn open_local(
+    options: wmo_e2b::sandbox::local::LocalOptions,
+) -> anyhow::Result<std::sync::Arc<wmo_e2b::sandbox::local::LocalBackend>> {
+    use anyhow::Context;
+    use wmo_e2b::sandbox::local::{IsolationChoice, LocalBackend};
+    let asked = options.isolation;
+    let backend = LocalBackend::open_with(&wmo_e2b::state::state_dir(), options)
+        .context("cannot open the local sandbox backend")?;
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| match (asked, backend.isolation_fallback()) {
+        (_, Some(why)) => eprintln!(
+            "warning: {why}; local sandboxes run with --isolation none: plain host processes, \
+             no security boundary, never reused between tasks"
+        ),
+        (IsolationChoice::None, None) => eprintln!(
+            "note: --isolation none: local sandboxes are plain host processes (no security \
+             boundary) and are never reused between tasks"
+        ),
+        _ => {}
+    });
+    Ok(backend)
 }
 
 /// A model provider: `scripted`, or a model name on an OpenAI-compatible API.

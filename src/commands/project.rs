@@ -14,7 +14,9 @@ use wmo_e2b::sandbox::ledger::Ledger;
 use wmo_e2b::sandbox::Backend;
 use wmo_e2b::tree::TreeBounds;
 
-use super::{open_backend, BackendKind, Exit, UsageError};
+use super::{open_backend_with, BackendKind, Exit, LocalArgs, UsageError};
+use wmo_e2b::sandbox::e2b::E2bOptions;
+use wmo_e2b::sandbox::local::LocalOptions;
 
 #[derive(Debug, Subcommand)]
 pub enum ProjectCommand {
@@ -140,11 +142,15 @@ pub enum ProjectCommand {
     },
 }
 
-fn leased(kind: BackendKind, name: &str) -> Result<Arc<dyn Backend>> {
+fn leased(kind: BackendKind, name: &str, local: &LocalArgs) -> Result<Arc<dyn Backend>> {
     let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &format!("project:{name}"))
         .context("cannot open the lease ledger")?;
+    let local = LocalOptions {
+        isolation: local.isolation.into(),
+        ..LocalOptions::default()
+    };
     Ok(Arc::new(LeasedBackend::new(
-        open_backend(kind)?,
+        open_backend_with(kind, E2bOptions::default(), local)?,
         ledger,
         "project",
     )))
@@ -164,10 +170,14 @@ fn backend_of(name: &str, given: Option<BackendKind>) -> BackendKind {
     })
 }
 
-fn open(kind: Option<BackendKind>, name: &str) -> Result<Project> {
+fn open(kind: Option<BackendKind>, name: &str, local: &LocalArgs) -> Result<Project> {
     let kind = backend_of(name, kind);
-    let mut p = Project::open(&wmo_e2b::state::state_dir(), name, leased(kind, name)?)
-        .map_err(user_facing)?;
+    let mut p = Project::open(
+        &wmo_e2b::state::state_dir(),
+        name,
+        leased(kind, name, local)?,
+    )
+    .map_err(user_facing)?;
     for n in p.take_notices() {
         match n {
             Notice::Replaced { old, new, files } => eprintln!(
@@ -193,17 +203,33 @@ fn user_facing(e: ProjectError) -> anyhow::Error {
     }
 }
 
-pub fn run(cmd: ProjectCommand) -> Result<Exit> {
+/// `wmo-e2b project [--isolation ...] <command>`.
+#[derive(Debug, clap::Args)]
+pub struct ProjectArgs {
+    #[command(flatten)]
+    local: LocalArgs,
+    #[command(subcommand)]
+    command: ProjectCommand,
+}
+
+pub fn run(args: ProjectArgs) -> Result<Exit> {
     let state = wmo_e2b::state::state_dir();
-    match cmd {
+    let local = args.local;
+    match args.command {
         ProjectCommand::Create {
             name,
             backend,
             template,
             timeout,
         } => {
-            let p = Project::create(&state, &name, leased(backend, &name)?, template, timeout)
-                .map_err(user_facing)?;
+            let p = Project::create(
+                &state,
+                &name,
+                leased(backend, &name, &local)?,
+                template,
+                timeout,
+            )
+            .map_err(user_facing)?;
             println!("created project {name} (sandbox {})", p.state().sandbox_id);
         }
         ProjectCommand::List { json } => {
@@ -226,7 +252,7 @@ pub fn run(cmd: ProjectCommand) -> Result<Exit> {
             }
         }
         ProjectCommand::Close { name, backend } => {
-            let p = open(backend, &name)?;
+            let p = open(backend, &name, &local)?;
             let id = p.state().sandbox_id.clone();
             p.close().map_err(user_facing)?;
             println!("closed project {name} (sandbox {id} killed)");
@@ -246,7 +272,7 @@ pub fn run(cmd: ProjectCommand) -> Result<Exit> {
             } else {
                 std::fs::read(&from).with_context(|| format!("cannot read {from}"))?
             };
-            let mut p = open(backend, &name)?;
+            let mut p = open(backend, &name, &local)?;
             let rel = p.put(&path, &content).map_err(user_facing)?;
             eprintln!("wrote {} bytes to {rel}", content.len());
         }
@@ -255,7 +281,7 @@ pub fn run(cmd: ProjectCommand) -> Result<Exit> {
             path,
             backend,
         } => {
-            let mut p = open(backend, &name)?;
+            let mut p = open(backend, &name, &local)?;
             let bytes = p.get(&path).map_err(user_facing)?;
             std::io::stdout().write_all(&bytes)?;
         }
@@ -265,7 +291,7 @@ pub fn run(cmd: ProjectCommand) -> Result<Exit> {
             backend,
             command,
         } => {
-            let p = open(backend, &name)?;
+            let p = open(backend, &name, &local)?;
             let out = p.exec(&command.join(" "), timeout).map_err(user_facing)?;
             print!("{}", out.output);
             if out.timed_out {
@@ -284,7 +310,7 @@ pub fn run(cmd: ProjectCommand) -> Result<Exit> {
             max_bytes,
             backend,
         } => {
-            let mut p = open(backend, &name)?;
+            let mut p = open(backend, &name, &local)?;
             let bounds = TreeBounds {
                 max_files,
                 max_bytes,
@@ -330,7 +356,7 @@ pub fn run(cmd: ProjectCommand) -> Result<Exit> {
                         .map_err(user_facing)?,
                 )
             };
-            let mut p = open(backend, &name)?;
+            let mut p = open(backend, &name, &local)?;
             let events_path = events.unwrap_or_else(|| {
                 project::projects_dir(&state).join(&name).join(format!(
                     "events-{}.jsonl",
@@ -378,7 +404,7 @@ pub fn run(cmd: ProjectCommand) -> Result<Exit> {
             max_bytes,
             backend,
         } => {
-            let p = open(backend, &name)?;
+            let p = open(backend, &name, &local)?;
             let bounds = TreeBounds {
                 max_files,
                 max_bytes,

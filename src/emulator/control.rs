@@ -404,7 +404,6 @@ fn create_sandbox(
     let entry = Arc::new(SandboxEntry {
         id: id.clone(),
         local_id: local_id.clone(),
-        home: sandbox.home().into(),
         sandbox,
         template,
         token,

@@ -10,10 +10,7 @@ use super::control::constant_time_eq;
 use super::http::{Request, Responder, Response};
 use super::server::{SandboxEntry, Shared};
 use super::{files, process};
-
-/// Users the emulator answers to: E2B templates have `user` (the default) and `root`; both
-/// map to the local user that runs the emulator.
-const USERS: &[&str] = &["user", "root"];
+use crate::sandbox::Role;
 
 pub(super) fn handle(shared: &Shared, raw_id: &str, req: Request, out: &mut Responder<'_>) {
     // The legacy composite `<id>-<clientID>` names the same sandbox.
@@ -56,7 +53,7 @@ pub(super) fn handle(shared: &Shared, raw_id: &str, req: Request, out: &mut Resp
         return;
     }
     if let Some(method) = path.strip_prefix("/filesystem.Filesystem/") {
-        let resp = unary(&req, |msg| files::rpc(&entry, method, msg));
+        let resp = unary(&req, |msg, role| files::rpc(&entry, method, msg, role));
         let _ = out.send(resp);
         return;
     }
@@ -85,10 +82,21 @@ fn check_token(entry: &SandboxEntry, req: &Request) -> Result<(), Response> {
     }
 }
 
+/// Users the emulator answers to: E2B templates have `user` (the default: task commands,
+/// confined to the sandbox's task namespace) and `root` (the host's machinery, which sees the
+/// system directory and every process); see `Role`.
+fn role_of(user: &str) -> Option<Role> {
+    match user {
+        "user" => Some(Role::Task),
+        "root" => Some(Role::System),
+        _ => None,
+    }
+}
+
 /// The user an RPC runs as (HTTP Basic username, empty password); `user` when absent.
-pub(super) fn rpc_user(req: &Request) -> RpcResult<()> {
+pub(super) fn rpc_user(req: &Request) -> RpcResult<Role> {
     let Some(auth) = req.header("authorization") else {
-        return Ok(());
+        return Ok(Role::Task);
     };
     let bad = |m: String| RpcError::new(Code::Unauthenticated, m);
     let encoded = auth
@@ -100,28 +108,24 @@ pub(super) fn rpc_user(req: &Request) -> RpcResult<()> {
         .and_then(|b| String::from_utf8(b).ok())
         .ok_or_else(|| bad("malformed Basic authorization".into()))?;
     let user = decoded.split(':').next().unwrap_or("");
-    if USERS.contains(&user) {
-        Ok(())
-    } else {
-        Err(bad(format!("invalid username: '{user}'")))
-    }
+    role_of(user).ok_or_else(|| bad(format!("invalid username: '{user}'")))
 }
 
 /// The `username` query parameter of `/files`.
-pub(super) fn files_user(req: &Request) -> Result<(), Response> {
+pub(super) fn files_user(req: &Request) -> Result<Role, Response> {
     match req.query("username") {
-        None | Some("") => Ok(()),
-        Some(u) if USERS.contains(&u) => Ok(()),
-        Some(u) => Err(plain_error(
-            401,
-            &format!("error looking up user '{u}': unknown user"),
-        )),
+        None | Some("") => Ok(Role::Task),
+        Some(u) => role_of(u)
+            .ok_or_else(|| plain_error(401, &format!("error looking up user '{u}': unknown user"))),
     }
 }
 
 /// A unary Connect call with the JSON codec: checks the protocol, decodes the request,
 /// encodes the answer or the error.
-pub(super) fn unary(req: &Request, call: impl FnOnce(&Value) -> RpcResult<Value>) -> Response {
+pub(super) fn unary(
+    req: &Request,
+    call: impl FnOnce(&Value, Role) -> RpcResult<Value>,
+) -> Response {
     if req.method != "POST" {
         return RpcError::new(Code::Unimplemented, "envd RPCs accept only POST").into_response();
     }
@@ -148,9 +152,7 @@ pub(super) fn unary(req: &Request, call: impl FnOnce(&Value) -> RpcResult<Value>
         return RpcError::new(Code::Unimplemented, "request compression is not supported")
             .into_response();
     }
-    let result = rpc_user(req)
-        .and_then(|()| parse_message(&req.body))
-        .and_then(|msg| call(&msg));
+    let result = rpc_user(req).and_then(|role| call(&parse_message(&req.body)?, role));
     match result {
         Ok(v) => Response::json(200, &v),
         Err(e) => e.into_response(),

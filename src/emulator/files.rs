@@ -2,10 +2,9 @@
 //! the filesystem.Filesystem RPCs (Stat, MakeDir, ListDir, Remove, Move) with `EntryInfo`
 //! shaped as envd sends it.
 
-use std::fs::{self, File, Metadata as FsMetadata};
+use std::fs::Metadata as FsMetadata;
 use std::io::{self, Read};
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 
 use flate2::read::GzDecoder;
 use serde_json::{json, Map, Value};
@@ -13,40 +12,76 @@ use serde_json::{json, Map, Value};
 use super::connect::{int_field, string_field, Code, RpcError, RpcResult};
 use super::envd::{files_user, plain_error};
 use super::http::{Body, Request, Response, MAX_BODY_BYTES};
-use super::paths::{self, PathError};
+use super::paths;
 use super::server::SandboxEntry;
-use crate::sandbox::{ErrorClass, Sandbox, SandboxError};
+use crate::sandbox::local::confined::Beneath;
+use crate::sandbox::{ErrorClass, Role, Sandbox, SandboxError};
 
 /// Entries one ListDir returns at most.
 const MAX_LIST_ENTRIES: usize = 100_000;
-/// The owner and group E2B reports for the default user's files.
-const OWNER: &str = "user";
+/// The system directory, which only `root` may write (as on E2B, where it is root's).
+const SYSTEM_DIR: &str = "/opt/wmo-e2b";
+
+/// The user E2B reports as the owner (and group) of a path.
+fn owner_of(e2b: &str) -> &'static str {
+    if under_system(e2b) {
+        "root"
+    } else {
+        "user"
+    }
+}
+
+fn under_system(e2b: &str) -> bool {
+    e2b.strip_prefix(SYSTEM_DIR)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// The sandbox's confined view of an E2B path, and the path normalized.
+fn locate(
+    entry: &SandboxEntry,
+    path: &str,
+    role: Role,
+) -> Result<(Beneath, String, String), String> {
+    let e2b = paths::normalize(path, role).map_err(|e| e.to_string())?;
+    let (files, rel) = entry.sandbox.files(&e2b).map_err(|e| match e {
+        SandboxError::BadPath { .. } => format!(
+            "path '{e2b}' is outside /home/user, /tmp and {SYSTEM_DIR}: the emulator serves only these"
+        ),
+        other => super::server::error_chain(&other),
+    })?;
+    Ok((files, rel, e2b))
+}
 
 pub(super) fn download(entry: &SandboxEntry, req: &Request) -> Response {
-    if let Err(resp) = files_user(req) {
-        return resp;
-    }
+    let role = match files_user(req) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
     let Some(path) = req.query("path").filter(|p| !p.is_empty()) else {
         return plain_error(400, "path is required");
     };
-    let (local, e2b) = match paths::to_local(&entry.home, path) {
-        Ok(p) => p,
-        Err(e) => return plain_error(400, &e.to_string()),
+    let (files, rel, e2b) = match locate(entry, path, role) {
+        Ok(l) => l,
+        Err(m) => return plain_error(400, &m),
     };
-    let meta = match fs::metadata(&local) {
+    if role == Role::Task && under_system(&e2b) {
+        return plain_error(403, &format!("cannot open '{e2b}': permission denied"));
+    }
+    let meta = match files.metadata(&rel) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return plain_error(404, &format!("path '{e2b}' does not exist"))
         }
-        Err(e) => return plain_error(500, &format!("cannot stat '{e2b}': {e}")),
+        Err(e) => return plain_error(400, &fs_error(entry, &e2b, "stat", e)),
     };
     if meta.is_dir() {
         return plain_error(400, &format!("path '{e2b}' is a directory"));
     }
-    let file = match File::open(&local) {
+    let file = match files.open_read(&rel) {
         Ok(f) => f,
-        Err(e) => return plain_error(500, &format!("cannot open '{e2b}': {e}")),
+        Err(e) => return plain_error(400, &fs_error(entry, &e2b, "open", e)),
     };
+    let len = file.metadata().map_or(meta.len(), |m| m.len());
     let name = e2b.rsplit('/').next().unwrap_or("");
     Response {
         status: 200,
@@ -57,14 +92,21 @@ pub(super) fn download(entry: &SandboxEntry, req: &Request) -> Response {
                 format!("inline; filename={}", name.replace('"', "")),
             ),
         ],
-        body: Body::File(file, meta.len()),
+        body: Body::File(file, len),
     }
 }
 
+/// A file operation's error as the local backend classifies it (a symlink out of the
+/// sandbox is named, never followed).
+fn fs_error(entry: &SandboxEntry, e2b: &str, what: &str, e: io::Error) -> String {
+    super::server::error_chain(&entry.sandbox.file_error(e2b, what, e))
+}
+
 pub(super) fn upload(entry: &SandboxEntry, req: &Request) -> Response {
-    if let Err(resp) = files_user(req) {
-        return resp;
-    }
+    let role = match files_user(req) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
     let body = match decoded_body(req) {
         Ok(b) => b,
         Err(resp) => return resp,
@@ -118,24 +160,24 @@ pub(super) fn upload(entry: &SandboxEntry, req: &Request) -> Response {
     }
     let mut resolved = Vec::with_capacity(files.len());
     for (path, data) in files {
-        let (local, e2b) = match paths::to_local(&entry.home, &path) {
-            Ok(p) => p,
-            Err(e) => return plain_error(400, &e.to_string()),
+        let (files, rel, e2b) = match locate(entry, &path, role) {
+            Ok(l) => l,
+            Err(m) => return plain_error(400, &m),
         };
-        if resolved.iter().any(|(_, e, _)| *e == e2b) {
+        if role == Role::Task && under_system(&e2b) {
+            return plain_error(403, &format!("cannot write '{e2b}': permission denied"));
+        }
+        if resolved.iter().any(|(_, _, e, _)| *e == e2b) {
             return plain_error(400, &format!("path '{e2b}' is written twice"));
         }
-        resolved.push((local, e2b, data));
+        resolved.push((files, rel, e2b, data));
     }
     let mut written = Vec::new();
-    for (local, e2b, data) in resolved {
-        if local.is_dir() {
+    for (files, rel, e2b, data) in resolved {
+        if rel.is_empty() || files.metadata(&rel).is_ok_and(|m| m.is_dir()) {
             return plain_error(400, &format!("path '{e2b}' is a directory"));
         }
-        let Some(local_str) = local.to_str() else {
-            return plain_error(400, &format!("path '{e2b}' is not UTF-8"));
-        };
-        if let Err(e) = entry.sandbox.write_file(local_str, &data) {
+        if let Err(e) = entry.sandbox.write_file(&e2b, &data) {
             return write_error(&e2b, &e);
         }
         let name = e2b.rsplit('/').next().unwrap_or("").to_string();
@@ -279,31 +321,33 @@ fn multipart(body: &[u8], boundary: &str) -> Result<Vec<Part>, &'static str> {
     }
 }
 
-fn path_error(e: &PathError) -> RpcError {
-    RpcError::new(Code::InvalidArgument, e.to_string())
-}
-
 fn io_error(what: &str, e2b: &str, e: &io::Error) -> RpcError {
-    match e.kind() {
-        io::ErrorKind::NotFound => RpcError::new(
-            Code::NotFound,
-            format!("{what}: no such file or directory: {e2b}"),
-        ),
-        io::ErrorKind::PermissionDenied => RpcError::new(
+    match e.raw_os_error() {
+        Some(libc::EXDEV | libc::ELOOP) => RpcError::new(
             Code::InvalidArgument,
-            format!("{what}: permission denied: {e2b}"),
+            format!("{what}: {e2b} goes through a symlink that leaves the sandbox"),
         ),
-        _ => RpcError::new(Code::Internal, format!("{what} {e2b}: {e}")),
+        _ => match e.kind() {
+            io::ErrorKind::NotFound => RpcError::new(
+                Code::NotFound,
+                format!("{what}: no such file or directory: {e2b}"),
+            ),
+            io::ErrorKind::PermissionDenied => RpcError::new(
+                Code::InvalidArgument,
+                format!("{what}: permission denied: {e2b}"),
+            ),
+            _ => RpcError::new(Code::Internal, format!("{what} {e2b}: {e}")),
+        },
     }
 }
 
-pub(super) fn rpc(entry: &SandboxEntry, method: &str, msg: &Value) -> RpcResult<Value> {
+pub(super) fn rpc(entry: &SandboxEntry, method: &str, msg: &Value, role: Role) -> RpcResult<Value> {
     match method {
-        "Stat" => stat(entry, msg),
-        "MakeDir" => make_dir(entry, msg),
-        "ListDir" => list_dir(entry, msg),
-        "Remove" => remove(entry, msg),
-        "Move" => move_entry(entry, msg),
+        "Stat" => stat(entry, msg, role),
+        "MakeDir" => make_dir(entry, msg, role),
+        "ListDir" => list_dir(entry, msg, role),
+        "Remove" => remove(entry, msg, role),
+        "Move" => move_entry(entry, msg, role),
         "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => Err(RpcError::new(
             Code::Unimplemented,
             "watching directories is not supported by the wmo-e2b emulator",
@@ -315,19 +359,30 @@ pub(super) fn rpc(entry: &SandboxEntry, method: &str, msg: &Value) -> RpcResult<
     }
 }
 
+/// A path argument, located; writes under the system directory need `root`.
 fn path_arg(
     entry: &SandboxEntry,
     msg: &Value,
     name: &str,
-) -> RpcResult<(std::path::PathBuf, String)> {
+    role: Role,
+    write: bool,
+) -> RpcResult<(Beneath, String, String)> {
     let path = string_field(msg, name, name)?.unwrap_or_default();
-    paths::to_local(&entry.home, &path).map_err(|e| path_error(&e))
+    let (files, rel, e2b) =
+        locate(entry, &path, role).map_err(|m| RpcError::new(Code::InvalidArgument, m))?;
+    if write && role == Role::Task && under_system(&e2b) {
+        return Err(RpcError::new(
+            Code::InvalidArgument,
+            format!("permission denied: {e2b}"),
+        ));
+    }
+    Ok((files, rel, e2b))
 }
 
-fn stat(entry: &SandboxEntry, msg: &Value) -> RpcResult<Value> {
-    let (local, e2b) = path_arg(entry, msg, "path")?;
-    match fs::symlink_metadata(&local) {
-        Ok(_) => Ok(json!({"entry": entry_info(entry, &local, &e2b)?})),
+fn stat(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
+    let (files, rel, e2b) = path_arg(entry, msg, "path", role, false)?;
+    match files.symlink_metadata(&rel) {
+        Ok(_) => Ok(json!({"entry": entry_info(&files, &rel, &e2b)?})),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Err(RpcError::new(
             Code::NotFound,
             format!("file not found: {e2b}"),
@@ -336,9 +391,9 @@ fn stat(entry: &SandboxEntry, msg: &Value) -> RpcResult<Value> {
     }
 }
 
-fn make_dir(entry: &SandboxEntry, msg: &Value) -> RpcResult<Value> {
-    let (local, e2b) = path_arg(entry, msg, "path")?;
-    match fs::metadata(&local) {
+fn make_dir(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
+    let (files, rel, e2b) = path_arg(entry, msg, "path", role, true)?;
+    match files.metadata(&rel) {
         Ok(m) if m.is_dir() => {
             return Err(RpcError::new(
                 Code::AlreadyExists,
@@ -353,14 +408,16 @@ fn make_dir(entry: &SandboxEntry, msg: &Value) -> RpcResult<Value> {
         }
         Err(_) => {}
     }
-    fs::create_dir_all(&local).map_err(|e| io_error("cannot create directory", &e2b, &e))?;
-    Ok(json!({"entry": entry_info(entry, &local, &e2b)?}))
+    files
+        .make_dirs(&rel)
+        .map_err(|e| io_error("cannot create directory", &e2b, &e))?;
+    Ok(json!({"entry": entry_info(&files, &rel, &e2b)?}))
 }
 
-fn list_dir(entry: &SandboxEntry, msg: &Value) -> RpcResult<Value> {
-    let (local, e2b) = path_arg(entry, msg, "path")?;
+fn list_dir(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
+    let (files, rel, e2b) = path_arg(entry, msg, "path", role, false)?;
     let depth = int_field(msg, "depth", "depth")?.unwrap_or(0).max(1);
-    let meta = fs::metadata(&local).map_err(|e| match e.kind() {
+    let meta = files.metadata(&rel).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => {
             RpcError::new(Code::NotFound, format!("directory not found: {e2b}"))
         }
@@ -373,7 +430,7 @@ fn list_dir(entry: &SandboxEntry, msg: &Value) -> RpcResult<Value> {
         ));
     }
     let mut entries = Vec::new();
-    walk(entry, &local, &e2b, depth, &mut entries)?;
+    walk(&files, &rel, &e2b, depth, &mut entries)?;
     if entries.is_empty() {
         return Ok(json!({}));
     }
@@ -381,90 +438,85 @@ fn list_dir(entry: &SandboxEntry, msg: &Value) -> RpcResult<Value> {
 }
 
 fn walk(
-    entry: &SandboxEntry,
-    dir: &Path,
+    files: &Beneath,
+    rel: &str,
     e2b_dir: &str,
     depth: i64,
     out: &mut Vec<Value>,
 ) -> RpcResult<()> {
-    let read = fs::read_dir(dir).map_err(|e| io_error("cannot list", e2b_dir, &e))?;
-    let mut children: Vec<(String, std::path::PathBuf)> = read
-        .flatten()
-        .filter_map(|d| Some((d.file_name().to_str()?.to_string(), d.path())))
-        .collect();
-    children.sort();
-    for (name, local) in children {
-        if out.len() >= MAX_LIST_ENTRIES {
-            return Err(RpcError::new(
+    let left = MAX_LIST_ENTRIES.saturating_sub(out.len());
+    let children = files.list(rel, left).map_err(|e| {
+        if e.kind() == io::ErrorKind::OutOfMemory {
+            RpcError::new(
                 Code::ResourceExhausted,
                 format!("more than {MAX_LIST_ENTRIES} entries; list a smaller depth"),
-            ));
+            )
+        } else {
+            io_error("cannot list", e2b_dir, &e)
         }
+    })?;
+    for (name, meta) in children {
+        let child_rel = if rel.is_empty() {
+            name.clone()
+        } else {
+            format!("{rel}/{name}")
+        };
         let e2b = format!("{}/{name}", e2b_dir.trim_end_matches('/'));
-        // Gone between read_dir and stat: skip it, as a listing races any writer anyway.
-        let Ok(info) = entry_info(entry, &local, &e2b) else {
+        // Gone between the listing and the stat: skip it, as a listing races any writer.
+        let Ok(info) = entry_info(files, &child_rel, &e2b) else {
             continue;
         };
         out.push(info);
-        let is_real_dir = fs::symlink_metadata(&local).is_ok_and(|m| m.is_dir());
-        if is_real_dir && depth > 1 {
-            walk(entry, &local, &e2b, depth - 1, out)?;
+        if meta.is_dir() && depth > 1 {
+            walk(files, &child_rel, &e2b, depth - 1, out)?;
         }
     }
     Ok(())
 }
 
-fn remove(entry: &SandboxEntry, msg: &Value) -> RpcResult<Value> {
-    let (local, e2b) = path_arg(entry, msg, "path")?;
-    if local == entry.home {
+fn remove(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
+    let (files, rel, e2b) = path_arg(entry, msg, "path", role, true)?;
+    if rel.is_empty() {
         return Err(RpcError::new(
             Code::InvalidArgument,
-            "the sandbox home cannot be removed",
+            format!("{e2b} cannot be removed"),
         ));
     }
-    let removed = match fs::symlink_metadata(&local) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-        Ok(m) if m.is_dir() => fs::remove_dir_all(&local),
-        Ok(_) => fs::remove_file(&local),
-    };
-    match removed {
-        Ok(()) => Ok(json!({})),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(json!({})),
-        Err(e) => Err(io_error("cannot remove", &e2b, &e)),
-    }
+    files
+        .remove(&rel)
+        .map_err(|e| io_error("cannot remove", &e2b, &e))?;
+    Ok(json!({}))
 }
 
-fn move_entry(entry: &SandboxEntry, msg: &Value) -> RpcResult<Value> {
-    let (src, src_e2b) = path_arg(entry, msg, "source")?;
-    let (dst, dst_e2b) = path_arg(entry, msg, "destination")?;
-    if src == entry.home || dst == entry.home {
+fn move_entry(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
+    let (src, src_rel, src_e2b) = path_arg(entry, msg, "source", role, true)?;
+    let (dst, dst_rel, dst_e2b) = path_arg(entry, msg, "destination", role, true)?;
+    if src_rel.is_empty() || dst_rel.is_empty() {
         return Err(RpcError::new(
             Code::InvalidArgument,
-            "the sandbox home cannot be moved or replaced",
+            "the sandbox's own directories cannot be moved or replaced",
         ));
     }
-    if fs::symlink_metadata(&src).is_err() {
+    if src.symlink_metadata(&src_rel).is_err() {
         return Err(RpcError::new(
             Code::NotFound,
             format!("source file not found: {src_e2b}"),
         ));
     }
-    if let Some(parent) = dst.parent() {
-        fs::create_dir_all(parent)
-            .map_err(|e| io_error("cannot create directory", &dst_e2b, &e))?;
-    }
-    fs::rename(&src, &dst).map_err(|e| io_error("cannot move", &src_e2b, &e))?;
-    Ok(json!({"entry": entry_info(entry, &dst, &dst_e2b)?}))
+    src.rename(&src_rel, &dst, &dst_rel)
+        .map_err(|e| io_error("cannot move", &src_e2b, &e))?;
+    Ok(json!({"entry": entry_info(&dst, &dst_rel, &dst_e2b)?}))
 }
 
-/// envd's `EntryInfo` for one path. A symlink reports its target's type and size, and its
-/// target (in E2B form when it points into the home).
-fn entry_info(entry: &SandboxEntry, local: &Path, e2b: &str) -> RpcResult<Value> {
-    let link = fs::symlink_metadata(local).map_err(|e| io_error("cannot stat", e2b, &e))?;
+/// envd's `EntryInfo` for one path. A symlink reports its target's type and size (when the
+/// target stays in the sandbox), and its target as an absolute E2B path.
+fn entry_info(files: &Beneath, rel: &str, e2b: &str) -> RpcResult<Value> {
+    let link = files
+        .symlink_metadata(rel)
+        .map_err(|e| io_error("cannot stat", e2b, &e))?;
     let is_link = link.file_type().is_symlink();
     let target_meta = if is_link {
-        fs::metadata(local).ok()
+        files.metadata(rel).ok()
     } else {
         None
     };
@@ -480,6 +532,7 @@ fn entry_info(entry: &SandboxEntry, local: &Path, e2b: &str) -> RpcResult<Value>
     };
     let name = e2b.rsplit('/').next().unwrap_or("");
     let perm = meta.permissions().mode() & 0o777;
+    let owner = owner_of(e2b);
     let mut info = Map::new();
     info.insert("name".into(), json!(name));
     info.insert("type".into(), json!(file_type));
@@ -494,8 +547,8 @@ fn entry_info(entry: &SandboxEntry, local: &Path, e2b: &str) -> RpcResult<Value>
         "permissions".into(),
         json!(permissions(meta.is_dir(), perm)),
     );
-    info.insert("owner".into(), json!(OWNER));
-    info.insert("group".into(), json!(OWNER));
+    info.insert("owner".into(), json!(owner));
+    info.insert("group".into(), json!(owner));
     if let Ok(t) = meta.modified() {
         info.insert(
             "modifiedTime".into(),
@@ -503,14 +556,15 @@ fn entry_info(entry: &SandboxEntry, local: &Path, e2b: &str) -> RpcResult<Value>
         );
     }
     if is_link {
-        if let Ok(target) = fs::read_link(local) {
-            let absolute = if target.is_absolute() {
-                target.clone()
+        if let Ok(target) = files.read_link(rel) {
+            let target = target.to_string_lossy();
+            // Sandbox paths are E2B paths: a relative target is taken from the link's folder.
+            let shown = if target.starts_with('/') {
+                paths::lexical(&target)
             } else {
-                local.parent().unwrap_or(Path::new("/")).join(&target)
+                let parent = e2b.rsplit_once('/').map_or("/", |(p, _)| p);
+                paths::lexical(&format!("{parent}/{target}"))
             };
-            let shown = paths::to_e2b(&entry.home, &absolute)
-                .unwrap_or_else(|| target.to_string_lossy().into_owned());
             info.insert("symlinkTarget".into(), json!(shown));
         }
         info.insert("isSymlink".into(), json!(true));

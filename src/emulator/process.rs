@@ -24,6 +24,7 @@ use super::lock;
 use super::paths;
 use super::server::{SandboxEntry, Shared};
 use crate::sandbox::local::LocalSandbox;
+use crate::sandbox::Role;
 use crate::sandbox::{ProcessEvent, Sandbox, SandboxError, SpawnOpts};
 
 /// How long an ended process can still be `Connect`ed to (envd's retention).
@@ -233,11 +234,11 @@ pub(super) fn handle(
     match method {
         "Start" => stream_call(shared, entry, &req, out, start),
         "Connect" => stream_call(shared, entry, &req, out, connect),
-        "List" => send(out, unary(&req, |_| list(entry))),
-        "SendInput" => send(out, unary(&req, |m| send_input(entry, m))),
-        "CloseStdin" => send(out, unary(&req, |m| close_stdin(entry, m))),
-        "SendSignal" => send(out, unary(&req, |m| send_signal(entry, m))),
-        "Update" => send(out, unary(&req, |m| update(entry, m))),
+        "List" => send(out, unary(&req, |_, _| list(entry))),
+        "SendInput" => send(out, unary(&req, |m, _| send_input(entry, m))),
+        "CloseStdin" => send(out, unary(&req, |m, _| close_stdin(entry, m))),
+        "SendSignal" => send(out, unary(&req, |m, _| send_signal(entry, m))),
+        "Update" => send(out, unary(&req, |m, _| update(entry, m))),
         "StreamInput" => stream_input(shared, entry, &req, out),
         other => send(
             out,
@@ -271,6 +272,8 @@ struct StreamPlan {
 struct StreamOpts {
     keepalive: Duration,
     deadline: Option<Instant>,
+    /// Who the process runs as (the Basic-auth user).
+    role: Role,
 }
 
 /// A streaming call must be a POST of `application/connect+json`; anything else gets the 415
@@ -316,7 +319,6 @@ fn stream_call(
         return;
     };
     let plan = stream_opts(req).and_then(|opts| {
-        rpc_user(req)?;
         let msg = request_message(&req.body)?;
         let plan = open(shared, entry, &msg, &opts)?;
         Ok((opts, plan))
@@ -367,6 +369,7 @@ fn stream_opts(req: &Request) -> RpcResult<StreamOpts> {
     Ok(StreamOpts {
         keepalive,
         deadline,
+        role: rpc_user(req)?,
     })
 }
 
@@ -509,17 +512,17 @@ fn start(
     let local_cwd = match &cwd {
         None => None,
         Some(c) => {
-            let (local, e2b) =
-                paths::to_local(&entry.home, c).map_err(|e| invalid(e.to_string()))?;
-            if !local.is_dir() {
-                return Err(invalid(format!("cwd '{e2b}' does not exist")));
+            let path = paths::normalize(c, opts.role).map_err(|e| invalid(e.to_string()))?;
+            let missing = || invalid(format!("cwd '{path}' does not exist"));
+            // The sandbox's own directories are checked where they are; of the read-only
+            // system directories only `/` is a sensible place to start in.
+            if path != "/" {
+                let (files, rel) = entry.sandbox.files(&path).map_err(|_| missing())?;
+                if !files.metadata(&rel).is_ok_and(|m| m.is_dir()) {
+                    return Err(missing());
+                }
             }
-            Some(
-                local
-                    .to_str()
-                    .ok_or_else(|| invalid(format!("cwd '{e2b}' is not UTF-8")))?
-                    .to_string(),
-            )
+            Some(path)
         }
     };
     prune(entry);
@@ -545,6 +548,7 @@ fn start(
     let spawned = entry.sandbox.spawn(
         &format!("exec {line}"),
         &SpawnOpts {
+            role: opts.role,
             cwd: local_cwd,
             envs: all_envs,
             stdin,
@@ -704,7 +708,7 @@ fn stream_input(shared: &Shared, entry: &SandboxEntry, req: &Request, out: &mut 
         return;
     }
     shared.streams.fetch_add(1, Ordering::SeqCst);
-    let result = rpc_user(req).and_then(|()| apply_input_stream(entry, &req.body));
+    let result = rpc_user(req).and_then(|_| apply_input_stream(entry, &req.body));
     let Ok(mut w) = out.stream(200, &[("Content-Type", STREAM_CONTENT_TYPE)]) else {
         return;
     };

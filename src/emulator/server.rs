@@ -18,7 +18,7 @@ use super::faults::{FaultCounts, FaultSpec, Faults, DEFAULT_SEED};
 use super::http::{self, Handler, Request, Responder, Server};
 use super::process::ProcHub;
 use super::{control, envd, lock};
-use crate::sandbox::local::{LocalBackend, LocalSandbox};
+use crate::sandbox::local::{Isolation, IsolationChoice, LocalBackend, LocalOptions, LocalSandbox};
 use crate::sandbox::{Backend, Killed, Metadata, Sandbox, SandboxError};
 
 /// The constant `clientID` the real API still returns.
@@ -45,6 +45,9 @@ pub struct EmulatorConfig {
     pub seed: u64,
     /// Live sandboxes at once; a create beyond it is answered 429 like E2B's team limit.
     pub max_sandboxes: usize,
+    /// How the local sandboxes are confined; the emulator needs bwrap (E2B's `/home/user` and
+    /// `/tmp` exist only in a bwrap sandbox), so `auto` must find it.
+    pub isolation: IsolationChoice,
     pub access_log: Option<AccessLog>,
 }
 
@@ -57,6 +60,7 @@ impl EmulatorConfig {
             faults: FaultSpec::default(),
             seed: DEFAULT_SEED,
             max_sandboxes: 256,
+            isolation: IsolationChoice::Auto,
             access_log: None,
         }
     }
@@ -80,6 +84,8 @@ pub enum EmulatorError {
     },
     #[error("cannot start the accept thread")]
     Thread(#[source] io::Error),
+    #[error("the emulator needs bubblewrap to lay sandboxes out as E2B does (/home/user, a private /tmp): {0}")]
+    Unconfined(String),
 }
 
 /// Counters for tests and for `GET /_emulator/stats`.
@@ -124,11 +130,24 @@ impl Emulator {
                 addr: config.listen,
                 source,
             })?;
-        let backend =
-            LocalBackend::open(&config.state_dir).map_err(|source| EmulatorError::Backend {
+        let options = LocalOptions {
+            isolation: config.isolation,
+            ..LocalOptions::default()
+        };
+        let backend = LocalBackend::open_with(&config.state_dir, options).map_err(|source| {
+            EmulatorError::Backend {
                 path: config.state_dir.clone(),
                 source,
-            })?;
+            }
+        })?;
+        if backend.isolation() != Isolation::Bwrap {
+            return Err(EmulatorError::Unconfined(
+                backend
+                    .isolation_fallback()
+                    .unwrap_or("--isolation none was asked for")
+                    .to_string(),
+            ));
+        }
         let (stop_tx, stop_rx) = bounded(0);
         let shared = Arc::new(Shared {
             faults: Faults::new(config.faults.clone(), config.seed),
@@ -254,8 +273,6 @@ pub(super) struct SandboxEntry {
     pub id: String,
     pub local_id: String,
     pub sandbox: Arc<LocalSandbox>,
-    /// The local directory standing in for `/home/user`.
-    pub home: PathBuf,
     pub template: String,
     /// `None` for a v1 create without `secure`: envd then asks for no token.
     pub token: Option<String>,

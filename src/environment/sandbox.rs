@@ -71,6 +71,7 @@ impl SandboxEnvironment {
             .spawn(
                 &wrapped,
                 &SpawnOpts {
+                    role: crate::sandbox::Role::Task,
                     cwd: Some(self.workspace.clone()),
                     envs: Vec::new(),
                     stdin: false,

@@ -256,6 +256,14 @@ impl Finished {
     }
 }
 
+/// Whether a recorded task needs no rerun: a cancelled task never finished, and one whose
+/// model API could not serve it (`error` with `provider_error`) was never judged.
+fn is_finished(record: &serde_json::Value) -> bool {
+    !matches!(
+        (record["status"].as_str(), record["stop_reason"].as_str()),
+        (Some("cancelled"), _) | (Some("error"), Some("provider_error"))
+    )
+}
 
 #[cfg(test)]
 mod tests {
@@ -302,11 +310,3 @@ mod tests {
     }
 }
 
-/// Whether a recorded task needs no rerun: a cancelled task never finished, and one whose
-/// model API could not serve it (`error` with `provider_error`) was never judged.
-fn is_finished(record: &serde_json::Value) -> bool {
-    !matches!(
-        (record["status"].as_str(), record["stop_reason"].as_str()),
-        (Some("cancelled"), _) | (Some("error"), Some("provider_error"))
-    )
-}

@@ -20,7 +20,6 @@ use crate::channel::{frame_type, Frame};
 use crate::environment::{default_tools, ToolOutput};
 use crate::episode::{error_chain, TokenMeter};
 use crate::provider::{ModelCall, Provider};
-use crate::runner::RUNNER_DIR;
 use crate::sandbox::{ErrorClass, SpawnOpts};
 use crate::task::Task;
 
@@ -202,7 +201,7 @@ fn one_turn(
 /// Uploads and starts the live runner with a fresh outbox; waits for its hello.
 fn start_live_runner(project: &Project, opts: &TurnOptions) -> Result<DurableChannel, TurnError> {
     let sandbox = project.sandbox().clone();
-    let dir = format!("{}/{RUNNER_DIR}", sandbox.home().trim_end_matches('/'));
+    let dir = crate::runner::runner_dir(sandbox.as_ref());
     let outbox = format!("outbox-{}", crate::eval::new_episode_id());
     let root = format!("{dir}/{outbox}");
     let sandbox_err = |what: &str| {
@@ -222,6 +221,7 @@ fn start_live_runner(project: &Project, opts: &TurnOptions) -> Result<DurableCha
         .spawn(
             &cmd,
             &SpawnOpts {
+                role: crate::sandbox::Role::System,
                 cwd: Some(dir.clone()),
                 envs: vec![("WMO_LIVE_OUTBOX".into(), outbox.clone())],
                 stdin: true,

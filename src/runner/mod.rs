@@ -30,8 +30,9 @@ const EXIT_NOT_FOUND: i32 = 127;
 
 pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Where the runner lives inside a sandbox, relative to `home()`.
-pub const RUNNER_DIR: &str = ".wmo-runner";
+/// Where the runner lives inside a sandbox, relative to its `system_dir()`: out of reach of
+/// the tasks it serves, and untouched by a reset between them.
+pub const RUNNER_DIR: &str = "runner";
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
@@ -130,7 +131,10 @@ pub struct Started {
 
 /// The absolute runner directory of a sandbox.
 pub fn runner_dir(sandbox: &dyn Sandbox) -> String {
-    format!("{}/{RUNNER_DIR}", sandbox.home().trim_end_matches('/'))
+    format!(
+        "{}/{RUNNER_DIR}",
+        sandbox.system_dir().trim_end_matches('/')
+    )
 }
 
 /// Uploads the runner, starts it with stdin, and waits for its hello.
@@ -173,6 +177,7 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
         .spawn(
             &command,
             &SpawnOpts {
+                role: crate::sandbox::Role::System,
                 cwd: Some(dir.clone()),
                 envs,
                 stdin: true,

@@ -52,6 +52,27 @@ pub struct PiInstall {
     pub version: String,
 }
 
+impl PiInstall {
+    /// How a local backend shows this install to confined runners: the host directory
+    /// (holding `node_modules`), and the sandbox path it is mounted at, read-only.
+    pub fn local_mount(&self) -> (PathBuf, String) {
+        let dir = self
+            .modules_dir
+            .parent()
+            .map_or_else(|| self.modules_dir.clone(), Path::to_path_buf);
+        (dir, SANDBOX_PI_DIR.to_string())
+    }
+
+    /// The `node_modules` directory as a local runner sees it: where a template would keep
+    /// it under bwrap, the host path when unconfined.
+    pub fn modules_seen_by(&self, isolation: crate::sandbox::local::Isolation) -> PathBuf {
+        match isolation {
+            crate::sandbox::local::Isolation::Bwrap => PathBuf::from(TEMPLATE_PI_MODULES),
+            crate::sandbox::local::Isolation::None => self.modules_dir.clone(),
+        }
+    }
+}
+
 /// How to run npm.
 #[derive(Debug, Clone)]
 pub struct InstallOpts {
@@ -153,6 +174,7 @@ pub fn ensure_installed(state_dir: &Path) -> Result<PiInstall, PiError> {
 pub fn ensure_installed_with(state_dir: &Path, opts: &InstallOpts) -> Result<PiInstall, PiError> {
     let dir = install_dir(state_dir);
     if let Some(found) = complete_install(&dir) {
+        share_read_only(&dir)?;
         return Ok(found);
     }
     let npm_dir = dir
@@ -190,12 +212,48 @@ pub fn ensure_installed_with(state_dir: &Path, opts: &InstallOpts) -> Result<PiI
         let _ = fs::remove_dir_all(&tmp);
     }
     result?;
+    share_read_only(&dir)?;
     complete_install(&dir).ok_or_else(|| PiError::Incomplete {
         specs: specs().join(" "),
         package: "marker".to_string(),
         dir: dir.clone(),
         why: "the marker did not survive the rename".to_string(),
     })
+}
+
+/// Makes the install readable by everyone: a confined runner reads it as the sandbox user,
+/// which (when the host runs as root) is not the install's owner. Nothing in it is secret.
+fn share_read_only(dir: &Path) -> Result<(), PiError> {
+    use std::os::unix::fs::PermissionsExt;
+    let shared = |m: &fs::Metadata| m.permissions().mode() & 0o005 == 0o005;
+    match fs::symlink_metadata(dir) {
+        Ok(m) if shared(&m) => return Ok(()),
+        Ok(_) => {}
+        Err(e) => return Err(io_err("read", dir)(e)),
+    }
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let m = fs::symlink_metadata(&path).map_err(io_err("read", &path))?;
+        if m.file_type().is_symlink() {
+            continue;
+        }
+        let mode = m.permissions().mode();
+        let want = if m.is_dir() {
+            mode | 0o555
+        } else {
+            mode | 0o444
+        };
+        if want != mode {
+            fs::set_permissions(&path, fs::Permissions::from_mode(want))
+                .map_err(io_err("share", &path))?;
+        }
+        if m.is_dir() {
+            for e in fs::read_dir(&path).map_err(io_err("list", &path))? {
+                stack.push(e.map_err(io_err("list", &path))?.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Removes temporary and stale directories left by crashed installs. Called under the
@@ -384,7 +442,12 @@ impl Flock {
     }
 }
 
-/// Where the template recipe (`scripts/e2b-template/`) prebakes pi's `node_modules`.
+/// Where pi lives in a sandbox's system directory: the template recipe
+/// (`scripts/e2b-template/`) prebakes it there, and a local bwrap sandbox is shown the host's
+/// install there (read-only, to the runner only).
+pub const SANDBOX_PI_DIR: &str = "/opt/wmo-e2b/pi";
+
+/// pi's `node_modules` under [`SANDBOX_PI_DIR`].
 pub const TEMPLATE_PI_MODULES: &str = "/opt/wmo-e2b/pi/node_modules";
 
 /// How long an in-sandbox npm install may take.
@@ -424,6 +487,7 @@ pub fn install_in_sandbox(
             &script,
             &crate::sandbox::RunOpts {
                 cwd: Some(runner_dir.to_string()),
+                role: crate::sandbox::Role::System,
                 timeout: SANDBOX_INSTALL_TIMEOUT,
                 max_output: 16 * 1024,
                 ..crate::sandbox::RunOpts::default()
@@ -632,8 +696,11 @@ mod tests {
         use serde_json::{json, Value};
         use std::sync::Arc;
 
-        let modules = match std::env::var_os(PI_MODULES_ENV).filter(|v| !v.is_empty()) {
-            Some(dir) => PathBuf::from(dir),
+        let install = match std::env::var_os(PI_MODULES_ENV).filter(|v| !v.is_empty()) {
+            Some(dir) => PiInstall {
+                modules_dir: PathBuf::from(dir),
+                version: PI_VERSION.into(),
+            },
             None => {
                 let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pi-cache");
                 let install = ensure_installed(&cache).unwrap_or_else(|e| {
@@ -642,11 +709,19 @@ mod tests {
                     )
                 });
                 assert_eq!(find_installed(&cache).as_ref(), Some(&install));
-                install.modules_dir
+                install
             }
         };
         let state = tempfile::tempdir().unwrap();
-        let backend = LocalBackend::open(state.path()).unwrap();
+        let backend = LocalBackend::open_with(
+            state.path(),
+            crate::sandbox::local::LocalOptions {
+                system_read_only: vec![install.local_mount()],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let modules = install.modules_seen_by(backend.isolation());
         let sandbox: Arc<dyn Sandbox> = backend
             .create_local(&CreateSpec {
                 timeout_secs: 120,

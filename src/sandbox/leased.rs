@@ -202,6 +202,15 @@ impl Sandbox for LeasedSandbox {
     fn home(&self) -> &str {
         self.inner.home()
     }
+    fn system_dir(&self) -> &str {
+        self.inner.system_dir()
+    }
+    fn seal(&self) -> Result<()> {
+        self.inner.seal()
+    }
+    fn reset(&self) -> Result<()> {
+        self.inner.reset()
+    }
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
         self.inner.run(cmd, opts)
     }

@@ -1,14 +1,23 @@
-//! The local backend: sandboxes are directories on this machine and processes run as the
-//! current user, each `bash -c` in its own process group. It is **not a security boundary**:
-//! sandboxed code sees the host's filesystem, users and (unless locked) network; only the
-//! environment is scrubbed and the files API is confined (lexically) to the sandbox home.
+//! The local backend: sandboxes are directories on this machine. Under bubblewrap (the
+//! default where it works; see `isolation`) every sandbox process runs in namespaces that show
+//! it only the system directories, read-only, and the sandbox's own: its home at `/home/user`,
+//! a private `/tmp`, and (for the runner) `/opt/wmo-e2b`. Under `--isolation none` processes
+//! are plain host processes in their own process groups: **not a security boundary**. Either
+//! way the environment is scrubbed and every file the host reads or writes for a sandbox is
+//! resolved beneath the sandbox's directories (see `confined`).
 //!
-//! Layout, under `<state>/sandboxes/`:
+//! Layout, under `<state>/sandboxes/` (and `<state>/sandbox-identity/`, the passwd and group
+//! files bwrap sandboxes see):
 //!
 //! ```text
-//! <id>/meta.json     id, created, deadline, metadata, template, internet, owner_pid, envs
-//! <id>/procs/<pid>   one per started process: its start time, then its command
+//! <id>/meta.json     id, created, deadline, metadata, template, internet, owner_pid, envs,
+//!                    isolation
+//! <id>/procs/<pid>   one per started process: its start time and role, then its command
+//! <id>/ns/           the holders of its PID namespaces (bwrap; see `ns`)
 //! <id>/root/         the sandbox's home()
+//! <id>/tmp/          its /tmp (bwrap)
+//! <id>/system/       its system_dir()
+//! <id>/sealed/       the copy of home and /tmp that `reset` restores (see `reset`)
 //! .dead-<id>-<rand>  a sandbox being killed (see `teardown`)
 //! .new-<id>          a sandbox being created
 //! ```
@@ -18,8 +27,12 @@
 //! sandboxes when their deadline passes, and any call on an expired sandbox kills it. Killing
 //! a sandbox kills every process group it started, whichever wmo-e2b process started it.
 
+pub mod confined;
+pub mod isolation;
 mod meta;
+mod ns;
 mod process;
+mod reset;
 mod sandbox;
 mod sys;
 mod teardown;
@@ -27,6 +40,7 @@ mod teardown;
 use std::collections::HashMap;
 use std::fs;
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -34,10 +48,13 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
+pub use confined::Beneath;
+pub use isolation::{Isolation, IsolationChoice};
 pub use sandbox::LocalSandbox;
 
-use self::meta::{Meta, MetaError, PROCS_DIR, ROOT_DIR};
-use self::sandbox::SandboxState;
+use self::meta::{Meta, MetaError, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
+use self::ns::{Space, NS_DIR};
+use self::sandbox::{Mode, SandboxState};
 use self::teardown::{STAGING_PREFIX, TOMB_PREFIX};
 use super::{
     Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
@@ -55,6 +72,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// How a local backend makes sandboxes.
+#[derive(Debug, Clone, Default)]
+pub struct LocalOptions {
+    pub isolation: IsolationChoice,
+    /// Host directories shown read-only to [`crate::sandbox::Role::System`] processes under
+    /// bwrap, each at the sandbox path given (the pi install, under the system directory).
+    pub system_read_only: Vec<(PathBuf, String)>,
+}
+
 /// Process sandboxes on this machine, kept under a state directory.
 pub struct LocalBackend {
     shared: Arc<Shared>,
@@ -63,20 +89,40 @@ pub struct LocalBackend {
     watcher: Option<JoinHandle<()>>,
 }
 
+/// What every sandbox of a backend shares.
+pub(crate) struct HostConfig {
+    /// The passwd and group files bound into bwrap sandboxes.
+    passwd: PathBuf,
+    group: PathBuf,
+    system_read_only: Vec<(PathBuf, String)>,
+}
+
 struct Shared {
     /// `<state>/sandboxes`, absolute.
     sandboxes: PathBuf,
-    /// `sandboxes` as text, the prefix of every `home()`.
+    /// `sandboxes` as text, the prefix of every host path shown to an unconfined sandbox.
     sandboxes_str: String,
+    /// How new sandboxes are confined.
+    isolation: Isolation,
+    /// Why `auto` chose none, when it did.
+    fallback_reason: Option<String>,
+    host: Arc<HostConfig>,
     /// Sandboxes this backend created or connected to, so every handle on one shares its
     /// process table and the watcher knows what to expire.
     registry: Mutex<HashMap<String, Arc<SandboxState>>>,
 }
 
 impl LocalBackend {
-    /// Opens (creating if needed) the local backend under `state_dir`, sweeps every expired
-    /// sandbox, and starts the expiry watcher.
+    /// Opens the local backend with default options: bwrap isolation where it works.
     pub fn open(state_dir: &Path) -> Result<Arc<LocalBackend>> {
+        Self::open_with(state_dir, LocalOptions::default())
+    }
+
+    /// Opens (creating if needed) the local backend under `state_dir`, sweeps every expired
+    /// sandbox, and starts the expiry watcher. Fails when `--isolation bwrap` was asked for
+    /// and bwrap cannot run here.
+    pub fn open_with(state_dir: &Path, options: LocalOptions) -> Result<Arc<LocalBackend>> {
+        let resolved = isolation::resolve(options.isolation).map_err(SandboxError::Unsupported)?;
         let unusable = |path: &Path, e: io::Error| SandboxError::Remote {
             class: ErrorClass::Unsupported,
             message: format!("cannot use {} for local sandboxes", path.display()),
@@ -91,9 +137,21 @@ impl LocalBackend {
                 sandboxes.display()
             )));
         };
+        // Beside the sandboxes, not among them: every sandbox is bound to the same two files.
+        let etc = state_dir.join("sandbox-identity");
+        let (passwd, group) = fs::create_dir_all(&etc)
+            .and_then(|()| isolation::write_identity(&etc))
+            .map_err(|e| unusable(&etc, e))?;
         let shared = Arc::new(Shared {
             sandboxes,
             sandboxes_str,
+            isolation: resolved.isolation,
+            fallback_reason: resolved.fallback_reason,
+            host: Arc::new(HostConfig {
+                passwd,
+                group,
+                system_read_only: options.system_read_only,
+            }),
             registry: Mutex::default(),
         });
         shared.sweep();
@@ -115,6 +173,16 @@ impl LocalBackend {
         &self.shared.sandboxes
     }
 
+    /// How new sandboxes are confined.
+    pub fn isolation(&self) -> Isolation {
+        self.shared.isolation
+    }
+
+    /// Why `--isolation auto` fell back to none, when it did: for a warning to the user.
+    pub fn isolation_fallback(&self) -> Option<&str> {
+        self.shared.fallback_reason.as_deref()
+    }
+
     /// Kills every sandbox past its deadline, whoever created it; returns how many.
     pub fn sweep_expired(&self) -> usize {
         self.shared.sweep()
@@ -122,7 +190,8 @@ impl LocalBackend {
 
     /// Creates a sandbox and returns its concrete handle.
     pub fn create_local(&self, spec: &CreateSpec) -> Result<Arc<LocalSandbox>> {
-        if !spec.internet {
+        let isolation = self.shared.isolation;
+        if !spec.internet && isolation == Isolation::None {
             sys::netlock_flag()?;
         }
         let id = meta::new_id().map_err(|e| SandboxError::Io {
@@ -145,13 +214,31 @@ impl LocalBackend {
             internet: spec.internet,
             owner_pid: std::process::id(),
             envs: spec.envs.clone(),
+            isolation,
         };
+        let state = SandboxState::new(
+            &self.shared.sandboxes,
+            &self.shared.sandboxes_str,
+            &m,
+            Arc::clone(&self.shared.host),
+        )?;
+        let owner = state.file_owner();
         // Built aside and renamed into place, so no reader ever sees half a sandbox.
         let staging = self.shared.sandboxes.join(format!("{STAGING_PREFIX}{id}"));
         let built = (|| {
             meta::private_dir(&staging)?;
-            meta::private_dir(&staging.join(ROOT_DIR))?;
-            meta::private_dir(&staging.join(PROCS_DIR))?;
+            for dir in [PROCS_DIR, NS_DIR] {
+                meta::private_dir(&staging.join(dir))?;
+            }
+            // The sandbox user's own directories, with the modes E2B gives them.
+            for (dir, mode) in [(ROOT_DIR, 0o755), (TMP_DIR, 0o1777), (SYSTEM_DIR, 0o700)] {
+                let path = staging.join(dir);
+                fs::create_dir(&path)?;
+                fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+                if let Some(uid) = owner {
+                    sys::chown(&path, uid)?;
+                }
+            }
             meta::write_meta(&staging, &m)?;
             fs::rename(&staging, self.shared.sandboxes.join(&id))
         })();
@@ -159,12 +246,17 @@ impl LocalBackend {
             let _ = fs::remove_dir_all(&staging);
             return Err(io_error("creating the sandbox directory", e));
         }
-        let state = Arc::new(SandboxState::new(
-            &self.shared.sandboxes,
-            &self.shared.sandboxes_str,
-            &m,
-        ));
-        lock(&self.shared.registry).insert(id, Arc::clone(&state));
+        let state = Arc::new(state);
+        lock(&self.shared.registry).insert(id.clone(), Arc::clone(&state));
+        if let Mode::Bwrap(bwrap) = state.mode {
+            let holders = state
+                .start_holder(bwrap, Space::Sandbox)
+                .and_then(|_| state.start_holder(bwrap, Space::Task));
+            if let Err(e) = holders {
+                let _ = self.shared.destroy(&id);
+                return Err(e);
+            }
+        }
         Ok(Arc::new(LocalSandbox { state }))
     }
 
@@ -191,7 +283,12 @@ impl LocalBackend {
             self.shared.destroy(id)?;
             return Err(gone());
         }
-        let fresh = SandboxState::new(&self.shared.sandboxes, &self.shared.sandboxes_str, &m);
+        let fresh = SandboxState::new(
+            &self.shared.sandboxes,
+            &self.shared.sandboxes_str,
+            &m,
+            Arc::clone(&self.shared.host),
+        )?;
         let state = {
             let mut registry = lock(&self.shared.registry);
             // Another thread may have connected meanwhile; share its state (and process table).

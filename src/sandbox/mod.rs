@@ -59,6 +59,9 @@ pub enum SandboxError {
     NotFound { path: String },
     #[error("{0}")]
     Unsupported(String),
+    /// `reset` could not prove the sandbox back in its sealed state; it must not serve again.
+    #[error("sandbox {id} cannot be proven clean: {reason}")]
+    Unclean { id: String, reason: String },
     #[error("{message}")]
     Remote {
         class: ErrorClass,
@@ -72,7 +75,7 @@ impl SandboxError {
     pub fn class(&self) -> ErrorClass {
         match self {
             SandboxError::Gone { .. } | SandboxError::NoSuchProcess { .. } => ErrorClass::Gone,
-            SandboxError::Io { .. } => ErrorClass::Transport,
+            SandboxError::Io { .. } | SandboxError::Unclean { .. } => ErrorClass::Transport,
             SandboxError::BadPath { .. } | SandboxError::NotFound { .. } => ErrorClass::BadRequest,
             SandboxError::Unsupported(_) => ErrorClass::Unsupported,
             SandboxError::Remote { class, .. } => *class,
@@ -90,11 +93,24 @@ impl SandboxError {
 
 pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
 
+/// Who a process runs for, which decides what [`Sandbox::reset`] ends and what it may write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Role {
+    /// Everything a task does (setup, tool calls, verify, project commands): ended by
+    /// `reset`, and never able to write [`Sandbox::system_dir`]. E2B's default user `user`.
+    #[default]
+    Task,
+    /// The host's own machinery in the sandbox (the runner and what it installs): outlives
+    /// `reset` and alone writes `system_dir`. E2B's `root`.
+    System,
+}
+
 /// Options for a foreground command.
 #[derive(Debug, Clone)]
 pub struct RunOpts {
     /// Working directory (absolute); `None` means `home()`.
     pub cwd: Option<String>,
+    pub role: Role,
     pub envs: Vec<(String, String)>,
     /// The process group is killed when this passes.
     pub timeout: Duration,
@@ -106,6 +122,7 @@ impl Default for RunOpts {
     fn default() -> Self {
         RunOpts {
             cwd: None,
+            role: Role::Task,
             envs: Vec::new(),
             timeout: Duration::from_secs(60),
             max_output: 1 << 20,
@@ -189,6 +206,7 @@ pub struct Output {
 #[derive(Debug, Clone, Default)]
 pub struct SpawnOpts {
     pub cwd: Option<String>,
+    pub role: Role,
     pub envs: Vec<(String, String)>,
     /// Keep stdin open so the caller can `send_stdin`.
     pub stdin: bool,
@@ -222,6 +240,15 @@ pub trait Sandbox: Send + Sync {
     fn id(&self) -> &str;
     /// The absolute directory user files live under ("/home/user" on E2B).
     fn home(&self) -> &str;
+    /// The absolute directory of the host's own machinery (the runner): written only by
+    /// [`Role::System`] processes and the host, untouched by [`Sandbox::reset`].
+    fn system_dir(&self) -> &str;
+    /// Takes the home and `/tmp` as they are now as the state [`Sandbox::reset`] returns to.
+    fn seal(&self) -> Result<()>;
+    /// Ends every [`Role::Task`] process (however it detached: `setsid`, `nohup`, double
+    /// forks) and returns the home and `/tmp` to the sealed state, proven. An error means the
+    /// sandbox cannot be proven clean and must not serve another task.
+    fn reset(&self) -> Result<()>;
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output>;
     fn spawn(&self, cmd: &str, opts: &SpawnOpts) -> Result<Process>;
     fn connect(&self, pid: u32) -> Result<Process>;

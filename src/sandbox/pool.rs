@@ -1,10 +1,12 @@
 //! The warm-sandbox pool: hands out bootstrapped, hello-verified sandboxes and takes them
 //! back.
 //!
-//! Reuse is what makes evaluation cheap: a released healthy sandbox keeps its runner, loses
-//! its workspace and every other process, and goes back on a LIFO stack (the most recently
-//! used is the most likely still alive). Anything doubtful is retired, i.e. killed, and a
-//! kill is only counted done when the backend proves it.
+//! Reuse is what makes evaluation cheap, and what could make results wrong: a task must never
+//! see what an earlier one left. So a sandbox is sealed once its runner is up, and a released
+//! healthy sandbox is reset (every task process ended, home and `/tmp` back to the sealed
+//! state, proven by the backend) before it goes back on a LIFO stack (the most recently used
+//! is the most likely still alive). Whatever cannot be proven clean is retired, i.e. killed,
+//! and a kill is only counted done when the backend proves it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -41,9 +43,10 @@ pub struct PoolConfig {
     pub lease: Duration,
     pub lifetime: Duration,
     pub bootstrap: BootstrapOpts,
-    /// The directory under `home()` that episodes work in; the job recreates it empty before
-    /// each use (one command instead of a wipe at release plus a create at acquire).
+    /// The directory under `home()` that episodes work in; the job creates it before each use.
     pub workspace_dir: String,
+    /// Reset released sandboxes for the next task; false gives every task a fresh sandbox.
+    pub reuse: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,11 +93,18 @@ pub struct Warm {
     pub reused: bool,
 }
 
-/// Sandboxes created and sandbox-seconds (create to proven kill, or to now while live).
+/// Sandboxes created and sandbox-seconds (create to proven kill, or to now while live), and
+/// how the resets between tasks went.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct PoolUsage {
     pub count: u64,
     pub seconds: f64,
+    /// Resets proven clean (each let a sandbox serve another task).
+    pub resets: u64,
+    /// Resets that could not prove the sandbox clean (it was retired instead).
+    pub unclean: u64,
+    /// Seconds spent resetting, in all.
+    pub reset_seconds: f64,
 }
 
 struct Live {
@@ -112,6 +122,9 @@ struct State {
     closed: bool,
     created: u64,
     retired_seconds: f64,
+    resets: u64,
+    unclean: u64,
+    reset_seconds: f64,
 }
 
 pub struct Pool {
@@ -207,6 +220,13 @@ impl Pool {
             let _ = self.retire(&sandbox);
             return Err(PoolError::Closed);
         }
+        // The runner is up: this is the state every task served by this sandbox starts from.
+        if self.config.reuse {
+            if let Err(e) = sandbox.seal() {
+                let _ = self.retire(&sandbox);
+                return Err(PoolError::Create(e));
+            }
+        }
         // The bootstrap took some of the lease; the first episode gets a full one.
         if let Err(e) = sandbox.set_timeout(self.config.lease.as_secs()) {
             let _ = self.retire(&sandbox);
@@ -219,29 +239,28 @@ impl Pool {
         })
     }
 
-    /// Returns a sandbox. A healthy one is cleaned (workspace wiped, every process but the
-    /// runner killed) and kept; anything else is retired.
+    /// Returns a sandbox. A healthy one is reset and kept when the reset proves it clean;
+    /// anything else is retired.
     pub fn release(&self, warm: Warm, healthy: bool) -> Result<(), PoolError> {
-        if healthy && !self.state().closed && self.clean(&warm).is_ok() {
+        if healthy && self.config.reuse && !self.state().closed {
+            let started = Instant::now();
+            let reset = warm.sandbox.reset();
             let mut st = self.state();
-            if !st.closed {
-                st.idle.push(warm);
-                return Ok(());
+            st.reset_seconds += started.elapsed().as_secs_f64();
+            match reset {
+                Ok(()) => {
+                    st.resets += 1;
+                    if !st.closed {
+                        st.idle.push(warm);
+                        return Ok(());
+                    }
+                }
+                Err(_) => st.unclean += 1,
             }
         }
         let sandbox = warm.sandbox.clone();
         drop(warm);
         self.retire(&sandbox)
-    }
-
-    fn clean(&self, warm: &Warm) -> Result<(), SandboxError> {
-        let runner = warm.channel.pid();
-        for p in warm.sandbox.processes()? {
-            if p.pid != runner {
-                warm.sandbox.kill_process(p.pid)?;
-            }
-        }
-        Ok(())
     }
 
     /// Kills a sandbox with retries; its lease is closed only once the kill is proven.
@@ -338,6 +357,9 @@ impl Pool {
         PoolUsage {
             count: st.created,
             seconds: st.retired_seconds + live,
+            resets: st.resets,
+            unclean: st.unclean,
+            reset_seconds: st.reset_seconds,
         }
     }
 

@@ -254,6 +254,14 @@ impl Envd {
         }
     }
 
+    /// The `Authorization` header naming the user a process runs as (empty password).
+    fn as_user<B>(req: RequestBuilder<B>, user: &str) -> RequestBuilder<B> {
+        req.header(
+            "Authorization",
+            format!("Basic {}", b64_encode(format!("{user}:").as_bytes())),
+        )
+    }
+
     fn headers<B>(&self, req: RequestBuilder<B>) -> RequestBuilder<B> {
         let req = req
             .header("E2b-Sandbox-Id", &self.sandbox_id)
@@ -301,6 +309,7 @@ impl Envd {
         rpc: &str,
         request: &Value,
         lifetime: Option<Duration>,
+        user: Option<&str>,
     ) -> Result<EventStream, EnvdFailure> {
         let silence = self.stream_silence();
         let limits = Limits {
@@ -321,6 +330,9 @@ impl Envd {
         if let Some(l) = lifetime {
             req = req.header("Connect-Timeout-Ms", l.as_millis().max(1).to_string());
         }
+        if let Some(user) = user {
+            req = Self::as_user(req, user);
+        }
         let resp = req
             .config()
             .timeout_global(limits.total)
@@ -337,12 +349,13 @@ impl Envd {
         })
     }
 
-    /// `GET /files?path=`: the whole file.
-    pub fn read_file(&self, path: &str) -> Result<Vec<u8>, EnvdFailure> {
+    /// `GET /files?path=&username=`: the whole file, read as `user`.
+    pub fn read_file(&self, path: &str, user: &str) -> Result<Vec<u8>, EnvdFailure> {
         let limits = self.unary_limits();
         let resp = self
             .headers(self.agent.get(self.url("/files")))
             .query("path", path)
+            .query("username", user)
             .call()
             .map_err(|e| EnvdFailure::Call(call_failure(e, &limits)))?;
         read_ok(resp, MAX_FILE_BYTES, &limits).map_err(|f| match f {
@@ -364,13 +377,15 @@ impl Envd {
         })
     }
 
-    /// `POST /files?path=`: creates or replaces the file; envd creates its parents.
-    pub fn write_file(&self, path: &str, data: &[u8]) -> Result<(), EnvdFailure> {
+    /// `POST /files?path=&username=`: creates or replaces the file as `user` (who then owns
+    /// it); envd creates its parents.
+    pub fn write_file(&self, path: &str, data: &[u8], user: &str) -> Result<(), EnvdFailure> {
         let limits = self.unary_limits();
         let old = self.envd_version.is_some_and(|v| v < OCTET_STREAM_UPLOADS);
         let req = self
             .headers(self.agent.post(self.url("/files")))
-            .query("path", path);
+            .query("path", path)
+            .query("username", user);
         let sent = if old {
             let body = multipart(path, data)?;
             req.header(

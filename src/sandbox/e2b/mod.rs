@@ -28,6 +28,7 @@ pub mod error;
 pub mod gate;
 mod process;
 pub mod retry;
+mod reuse;
 mod sandbox;
 
 pub use api::SandboxDetail;

@@ -2,7 +2,7 @@
 //! lifetime and network over the control plane.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -11,12 +11,36 @@ use super::api::Api;
 use super::envd::{b64_encode, Envd, EventStream};
 use super::error::{Code, EnvdFailure, Subject};
 use super::process::{self, ReaderTicket, Readers};
+use super::reuse;
 use crate::sandbox::{
-    Output, Process, ProcessInfo, Result, RunOpts, Sandbox, SandboxError, SpawnOpts,
+    Output, Process, ProcessInfo, Result, Role, RunOpts, Sandbox, SandboxError, SpawnOpts,
 };
 
 /// The home of E2B's default user, where templates keep user files.
 pub const HOME: &str = "/home/user";
+/// The runner's directory: owned by root, so task commands (run as `user`) cannot change it.
+/// The template recipe prebakes pi under it.
+pub const SYSTEM_DIR: &str = "/opt/wmo-e2b";
+/// The E2B users the two roles run as.
+const TASK_USER: &str = "user";
+const SYSTEM_USER: &str = "root";
+/// Bound on the seal and reset scripts.
+const REUSE_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn user_of(role: Role) -> &'static str {
+    match role {
+        Role::Task => TASK_USER,
+        Role::System => SYSTEM_USER,
+    }
+}
+
+/// Files under the system directory are root's; everything else belongs to the task user.
+fn file_user(path: &str) -> &'static str {
+    match path.strip_prefix(SYSTEM_DIR) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => SYSTEM_USER,
+        _ => TASK_USER,
+    }
+}
 /// Commands run as `bash -l -c CMD`, like the SDK's, so login profiles set PATH and friends.
 const SHELL: &str = "/bin/bash";
 
@@ -28,6 +52,9 @@ pub struct E2bSandbox {
     envd: Envd,
     api: Arc<Api>,
     readers: Arc<Readers>,
+    /// Pids of the `Role::System` processes this handle started (the runner): a reset keeps
+    /// them and their descendants.
+    system_pids: Mutex<Vec<u32>>,
 }
 
 impl E2bSandbox {
@@ -46,6 +73,7 @@ impl E2bSandbox {
             envd,
             api,
             readers,
+            system_pids: Mutex::new(Vec::new()),
         }
     }
 
@@ -114,13 +142,17 @@ impl E2bSandbox {
         rpc: &str,
         request: &Value,
         lifetime: Option<Duration>,
+        user: Option<&str>,
         what: &str,
         subject: Subject<'_>,
     ) -> Result<(u32, EventStream)> {
-        let opened = self.envd.stream(rpc, request, lifetime).and_then(|mut s| {
-            let pid = process::await_start(&mut s)?;
-            Ok((pid, s))
-        });
+        let opened = self
+            .envd
+            .stream(rpc, request, lifetime, user)
+            .and_then(|mut s| {
+                let pid = process::await_start(&mut s)?;
+                Ok((pid, s))
+            });
         opened.map_err(|f| self.envd.confirm(f).into_error(&self.id, what, subject))
     }
 
@@ -139,6 +171,41 @@ impl E2bSandbox {
             source: e,
         })?;
         Ok(Process { pid, events })
+    }
+
+    /// Runs one of the reuse scripts as root; anything but exit 0 means not provably clean.
+    fn reuse_script(&self, what: &str, script: &str, args: &[String]) -> Result<()> {
+        let mut cmd = format!("bash -c {} reuse", crate::runner::shell_quote(script));
+        for a in args {
+            cmd.push(' ');
+            cmd.push_str(&crate::runner::shell_quote(a));
+        }
+        let out = self.run(
+            &cmd,
+            &RunOpts {
+                cwd: Some("/".into()),
+                role: Role::System,
+                timeout: REUSE_TIMEOUT,
+                max_output: 4096,
+                ..RunOpts::default()
+            },
+        )?;
+        if out.exit_code == Some(0) {
+            return Ok(());
+        }
+        Err(SandboxError::Unclean {
+            id: self.id.clone(),
+            reason: format!(
+                "{what} failed ({}): {}{}",
+                if out.timed_out {
+                    "timed out".to_string()
+                } else {
+                    format!("exit {:?}", out.exit_code)
+                },
+                out.stdout.to_text().trim(),
+                out.stderr.to_text().trim()
+            ),
+        })
     }
 
     fn process_call(&self, rpc: &str, pid: u32, request: Value, what: &str) -> Result<Value> {
@@ -161,6 +228,19 @@ impl Sandbox for E2bSandbox {
         HOME
     }
 
+    fn system_dir(&self) -> &str {
+        SYSTEM_DIR
+    }
+
+    fn seal(&self) -> Result<()> {
+        self.reuse_script("sealing", &reuse::seal_script(), &[])
+    }
+
+    fn reset(&self) -> Result<()> {
+        let pids: Vec<String> = lock(&self.system_pids).iter().map(u32::to_string).collect();
+        self.reuse_script("resetting", &reuse::reset_script(), &pids)
+    }
+
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
         let started = Instant::now();
         let request = self.start_request(cmd, opts.cwd.as_deref(), &opts.envs, false);
@@ -168,6 +248,7 @@ impl Sandbox for E2bSandbox {
             "process.Process/Start",
             &request,
             Some(opts.timeout),
+            Some(user_of(opts.role)),
             "starting a command",
             Subject::Sandbox,
         )?;
@@ -199,9 +280,13 @@ impl Sandbox for E2bSandbox {
             "process.Process/Start",
             &request,
             None,
+            Some(user_of(opts.role)),
             "starting a process",
             Subject::Sandbox,
         )?;
+        if opts.role == Role::System {
+            lock(&self.system_pids).push(pid);
+        }
         self.attach(pid, stream)
     }
 
@@ -209,6 +294,7 @@ impl Sandbox for E2bSandbox {
         let (started, stream) = self.open(
             "process.Process/Connect",
             &json!({ "process": { "pid": pid } }),
+            None,
             None,
             &format!("attaching to process {pid}"),
             Subject::Process(pid),
@@ -265,14 +351,14 @@ impl Sandbox for E2bSandbox {
     fn read_file(&self, path: &str) -> Result<Vec<u8>> {
         check_path(path)?;
         self.envd
-            .read_file(path)
+            .read_file(path, file_user(path))
             .map_err(|f| f.into_error(&self.id, &format!("reading {path}"), Subject::Path(path)))
     }
 
     fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
         check_path(path)?;
         self.envd
-            .write_file(path, data)
+            .write_file(path, data, file_user(path))
             .map_err(|f| f.into_error(&self.id, &format!("writing {path}"), Subject::Path(path)))
     }
 
@@ -314,6 +400,10 @@ fn process_list(answer: &Value) -> Vec<ProcessInfo> {
             Some(ProcessInfo { pid, cmd })
         })
         .collect()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn check_path(path: &str) -> Result<()> {

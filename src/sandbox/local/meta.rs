@@ -9,12 +9,17 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::sandbox::Metadata;
+use super::isolation::Isolation;
+use crate::sandbox::{Metadata, Role};
 
 pub(super) const ID_PREFIX: &str = "lsb-";
 pub(super) const META_FILE: &str = "meta.json";
 pub(super) const ROOT_DIR: &str = "root";
 pub(super) const PROCS_DIR: &str = "procs";
+pub(super) const TMP_DIR: &str = "tmp";
+pub(super) const SYSTEM_DIR: &str = "system";
+/// The copy of the home and `/tmp` that `reset` restores.
+pub(super) const SEALED_DIR: &str = "sealed";
 
 /// Bounds what we read back from records another process (or a person) may have written.
 const MAX_META_BYTES: u64 = 1 << 20;
@@ -36,6 +41,9 @@ pub(super) struct Meta {
     /// them too.
     #[serde(default)]
     pub envs: Vec<(String, String)>,
+    /// How its processes are confined (fixed at create).
+    #[serde(default)]
+    pub isolation: Isolation,
 }
 
 impl Meta {
@@ -67,17 +75,23 @@ pub(super) fn write_meta(dir: &Path, meta: &Meta) -> io::Result<()> {
     write_atomic(dir, META_FILE, &bytes)
 }
 
-/// A process record: which process a pid meant when we started it, and its command.
+/// A process record: which process a pid meant when we started it, for whom, and its
+/// command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct ProcRecord {
     pub pid: u32,
     pub start_time: u64,
+    pub role: Role,
     pub cmd: String,
 }
 
-/// Writes `procs/<pid>`: the start time on the first line, the command after it.
+/// Writes `procs/<pid>`: the start time and role on the first line, the command after it.
 pub(super) fn write_proc_record(sandbox_dir: &Path, rec: &ProcRecord) -> io::Result<()> {
-    let text = format!("{}\n{}", rec.start_time, rec.cmd);
+    let role = match rec.role {
+        Role::Task => "task",
+        Role::System => "system",
+    };
+    let text = format!("{} {role}\n{}", rec.start_time, rec.cmd);
     write_atomic(
         &sandbox_dir.join(PROCS_DIR),
         &rec.pid.to_string(),
@@ -108,12 +122,19 @@ pub(super) fn read_proc_records(procs_dir: &Path) -> io::Result<Vec<ProcRecord>>
         };
         let text = String::from_utf8_lossy(&bytes);
         let (first, cmd) = text.split_once('\n').unwrap_or((&text, ""));
-        let Ok(start_time) = first.trim().parse() else {
+        let mut head = first.split_whitespace();
+        let Some(Ok(start_time)) = head.next().map(str::parse) else {
             continue;
+        };
+        // Records written before roles existed are task processes.
+        let role = match head.next() {
+            Some("system") => Role::System,
+            _ => Role::Task,
         };
         out.push(ProcRecord {
             pid,
             start_time,
+            role,
             cmd: cmd.to_string(),
         });
     }
@@ -226,6 +247,7 @@ mod tests {
             internet: true,
             owner_pid: 7,
             envs: vec![("A".into(), "b".into())],
+            isolation: Isolation::Bwrap,
         };
         write_meta(dir.path(), &meta).unwrap();
         assert_eq!(read_meta(dir.path()).unwrap(), meta);
@@ -233,6 +255,24 @@ mod tests {
         assert!(matches!(read_meta(dir.path()), Err(MetaError::Corrupt(_))));
         fs::remove_file(dir.path().join(META_FILE)).unwrap();
         assert!(matches!(read_meta(dir.path()), Err(MetaError::Missing)));
+    }
+
+    #[test]
+    fn proc_records_round_trip_with_their_role() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join(PROCS_DIR)).unwrap();
+        let rec = ProcRecord {
+            pid: 42,
+            start_time: 7,
+            role: Role::System,
+            cmd: "exec node runner.mjs\nsecond line".into(),
+        };
+        write_proc_record(dir.path(), &rec).unwrap();
+        // A record from before roles existed.
+        fs::write(dir.path().join(PROCS_DIR).join("43"), "9\nsleep 1").unwrap();
+        let read = read_proc_records(&dir.path().join(PROCS_DIR)).unwrap();
+        assert_eq!(read[0], rec);
+        assert_eq!((read[1].pid, read[1].role), (43, Role::Task));
     }
 
     #[test]

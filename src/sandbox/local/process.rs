@@ -1,8 +1,8 @@
 //! Starting sandbox processes and carrying their output: foreground runs with bounded
 //! capture, background processes with an event stream that a later `connect` can take over.
 //!
-//! Every process is `bash -c` in its own process group, recorded in `procs/<pid>` before the
-//! caller hears of it, so a kill from any wmo-e2b process finds it. One waiter thread per
+//! Every process is `bash -c` in its own process group (under bwrap, its own session), recorded
+//! in `procs/<pid>` before the caller hears of it, so a kill from any wmo-e2b process finds it. One waiter thread per
 //! process reaps it; until then its zombie keeps the pid (and so the group id) from being
 //! reused, which is what makes group signals from other threads safe.
 
@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,9 +18,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 
 use super::meta::{self, ProcRecord};
-use super::sandbox::SandboxState;
+use super::ns::Space;
+use super::sandbox::{Mode, SandboxState};
 use super::{lock, sys};
-use crate::sandbox::{Captured, Output, Process, ProcessEvent, Result, RunOpts, SandboxError};
+use crate::sandbox::{
+    Captured, Output, Process, ProcessEvent, Result, Role, RunOpts, SandboxError,
+};
 
 /// Read size for process output: large, because a runner may stream megabytes of frames.
 const READ_CHUNK: usize = 64 * 1024;
@@ -30,6 +32,8 @@ const EVENT_BUFFER: usize = 64;
 /// How long output may keep trickling in after a process exits before we stop waiting for
 /// its pipes: a grandchild that escaped the group can hold them open forever.
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
+/// Bound on a new sandbox process becoming its own session leader.
+const LEADER_WAIT: Duration = Duration::from_secs(5);
 /// Bound on waiting for a SIGKILLed process to be reaped.
 pub(super) const KILL_WAIT: Duration = Duration::from_secs(5);
 /// Bound on one `send_stdin`: a process that does not read its stdin for this long is stuck.
@@ -39,9 +43,10 @@ const RETARGET_POLL: Duration = Duration::from_millis(100);
 
 /// Host variables a sandbox process inherits. Everything else is dropped so the host's
 /// credentials (API keys and the like) never reach sandboxed code.
-const PASSTHROUGH_ENV: &[&str] = &[
-    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "USER", "LOGNAME", "SHELL", "TMPDIR",
-];
+const PASSTHROUGH_ENV: &[&str] = &["LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM"];
+/// More host variables an unconfined (`--isolation none`) process inherits, since it runs on
+/// the host as the host's user.
+const HOST_ENV: &[&str] = &["PATH", "USER", "LOGNAME", "SHELL", "TMPDIR"];
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Run inside a fresh network namespace: bring loopback up (as E2B sandboxes without internet
@@ -57,7 +62,9 @@ type Pipe = Option<Box<dyn Read + Send>>;
 /// What to start.
 pub(super) struct Launch<'a> {
     pub cmd: &'a str,
-    pub cwd: &'a Path,
+    /// As the process sees it: a sandbox path under bwrap, a host path without.
+    pub cwd: &'a str,
+    pub role: Role,
     pub envs: &'a [(String, String)],
     pub stdin: bool,
 }
@@ -254,41 +261,89 @@ struct Started {
     reaped_tx: Sender<()>,
 }
 
-fn command(state: &SandboxState, l: &Launch, netlock: Option<&str>) -> Command {
-    let mut c = match netlock {
-        Some(flag) => {
-            let mut c = Command::new(sys::program("unshare"));
-            c.args([flag, "--", "bash", "-c", NETLOCKED_SHELL, "bash", l.cmd]);
+/// The command line of a sandbox process.
+fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
+    let mut c = match state.mode {
+        Mode::Bwrap(bwrap) => {
+            let holder = state.holder(Space::for_role(l.role))?;
+            let mut args = holder.join_prefix(bwrap).0;
+            let line = bwrap.command_line(
+                &state.binds(),
+                l.role,
+                state.internet(),
+                &bwrap.join_options(),
+                &["--chdir", l.cwd],
+            );
+            args.extend(line.0);
+            args.push("--".into());
+            args.extend(bwrap.user_prefix());
+            args.extend(["bash".into(), "-c".into(), l.cmd.into()]);
+            let mut c = Command::new(&args[0]);
+            c.args(&args[1..]);
+            c.env_clear();
+            for key in PASSTHROUGH_ENV {
+                if let Some(v) = std::env::var_os(key) {
+                    c.env(key, v);
+                }
+            }
+            c.env("PATH", &bwrap.path_env)
+                .env("USER", "user")
+                .env("LOGNAME", "user")
+                .env("SHELL", "/bin/bash")
+                .env("TMPDIR", "/tmp");
+            // `setsid` makes the process a session (and group) leader itself; it must not
+            // already lead a group.
             c
         }
-        None => {
-            let mut c = Command::new(sys::program("bash"));
-            c.args(["-c", l.cmd]);
+        Mode::None => {
+            let mut c = match state.internet() {
+                true => {
+                    let mut c = Command::new(sys::program("bash"));
+                    c.args(["-c", l.cmd]);
+                    c
+                }
+                false => {
+                    let mut c = Command::new(sys::program("unshare"));
+                    c.args([
+                        sys::netlock_flag()?,
+                        "--",
+                        "bash",
+                        "-c",
+                        NETLOCKED_SHELL,
+                        "bash",
+                        l.cmd,
+                    ]);
+                    c
+                }
+            };
+            c.env_clear();
+            for key in PASSTHROUGH_ENV.iter().chain(HOST_ENV) {
+                if let Some(v) = std::env::var_os(key) {
+                    c.env(key, v);
+                }
+            }
+            if std::env::var_os("PATH").is_none() {
+                c.env("PATH", DEFAULT_PATH);
+            }
+            c.current_dir(l.cwd).process_group(0);
             c
         }
     };
-    c.env_clear();
-    for key in PASSTHROUGH_ENV {
-        if let Some(v) = std::env::var_os(key) {
-            c.env(key, v);
-        }
-    }
-    if std::env::var_os("PATH").is_none() {
-        c.env("PATH", DEFAULT_PATH);
-    }
-    c.env("HOME", &state.home)
+    let home = match l.role {
+        Role::Task => &state.home,
+        Role::System => &state.system,
+    };
+    c.env("HOME", home)
         .envs(state.envs.iter().map(|(k, v)| (k, v)))
         .envs(l.envs.iter().map(|(k, v)| (k, v)))
-        .current_dir(l.cwd)
         .stdin(if l.stdin {
             Stdio::piped()
         } else {
             Stdio::null()
         })
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    c
+        .stderr(Stdio::piped());
+    Ok(c)
 }
 
 /// Kills and reaps a child we cannot hand out.
@@ -300,12 +355,7 @@ fn abandon(child: &mut Child) {
 
 /// Starts the process and records it on disk and in the table.
 fn start(state: &Arc<SandboxState>, l: &Launch, outlet: Option<Outlet>) -> Result<Started> {
-    let netlock = if state.internet() {
-        None
-    } else {
-        Some(sys::netlock_flag()?)
-    };
-    let mut child = command(state, l, netlock)
+    let mut child = command(state, l)?
         .spawn()
         .map_err(|e| state.io_error("starting a process", e))?;
     let pid = child.id();
@@ -317,6 +367,20 @@ fn start(state: &Arc<SandboxState>, l: &Launch, outlet: Option<Outlet>) -> Resul
             io::ErrorKind::NotFound.into(),
         ));
     };
+    // Under bwrap the child makes itself a session leader (`setsid`) a moment after it
+    // starts; until then a kill of its group would miss it, so it is recorded only after.
+    if let Mode::Bwrap(_) = state.mode {
+        if !sys::wait_group_leader(pid, LEADER_WAIT) {
+            abandon(&mut child);
+            return Err(state.io_error(
+                "starting a process",
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "it did not become its own session leader within 5 s",
+                ),
+            ));
+        }
+    }
     if let Some(stdin) = &child.stdin {
         if let Err(e) = sys::set_nonblocking(stdin.as_raw_fd()) {
             abandon(&mut child);
@@ -326,6 +390,7 @@ fn start(state: &Arc<SandboxState>, l: &Launch, outlet: Option<Outlet>) -> Resul
     let record = ProcRecord {
         pid,
         start_time: stat.start_time,
+        role: l.role,
         cmd: l.cmd.to_string(),
     };
     if let Err(e) = meta::write_proc_record(&state.dir, &record) {

@@ -6,16 +6,33 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::meta::{self, Meta, MetaError, META_FILE, PROCS_DIR, ROOT_DIR};
+use super::confined::Beneath;
+use super::isolation::{Binds, Bwrap, Isolation, BWRAP_HOME, BWRAP_SYSTEM, BWRAP_TMP, SANDBOX_UID};
+use super::meta::{self, Meta, MetaError, META_FILE, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
+use super::ns::{self, Holder, Space};
 use super::process::{self, Launch, ProcEntry, ProcTable, KILL_WAIT, STDIN_WRITE_TIMEOUT};
-use super::{lock, sys, teardown};
+use super::reset::Sealed;
+use super::{lock, sys, teardown, HostConfig};
 use crate::sandbox::{
-    contained_path, ErrorClass, Killed, Output, Process, ProcessInfo, Result, RunOpts, Sandbox,
+    normalize_relative, ErrorClass, Killed, Output, Process, ProcessInfo, Result, RunOpts, Sandbox,
     SandboxError, SpawnOpts,
 };
 
 /// Largest file `read_file` returns; the trait hands back one buffer, so it must be bounded.
 const MAX_FILE_BYTES: u64 = 1 << 30;
+
+/// How a sandbox's processes start.
+#[derive(Clone, Copy)]
+pub(super) enum Mode {
+    Bwrap(&'static Bwrap),
+    None,
+}
+
+/// One of the sandbox's directories: where the sandbox sees it, and where it is on the host.
+struct Mount {
+    at: String,
+    host: PathBuf,
+}
 
 /// What every handle on one sandbox shares within this wmo-e2b process: the table of processes
 /// it started (so `connect(pid)` and `send_stdin` work from any handle) and cached meta.
@@ -24,8 +41,14 @@ pub(super) struct SandboxState {
     /// `<state>/sandboxes/<id>`.
     pub dir: PathBuf,
     pub sandboxes: PathBuf,
+    pub mode: Mode,
+    /// `home()` and `system_dir()` as the sandbox's processes see them.
     pub home: String,
+    pub system: String,
+    /// The sandbox paths the host may read and write, and the host directories behind them.
+    mounts: Vec<Mount>,
     pub envs: Vec<(String, String)>,
+    host: Arc<HostConfig>,
     /// Unix seconds. A cache: when it passes, meta.json is read again, since another wmo-e2b
     /// process may have extended it.
     deadline: AtomicU64,
@@ -35,26 +58,179 @@ pub(super) struct SandboxState {
     meta_lock: Mutex<()>,
     /// So a second concurrent kill returns only once the first has finished.
     destroy_lock: Mutex<()>,
+    /// The namespace holders last seen alive (bwrap only).
+    holders: Mutex<[Option<Holder>; 2]>,
+    /// What `reset` returns to, once sealed.
+    pub sealed: Mutex<Option<Sealed>>,
     pub procs: ProcTable,
 }
 
 impl SandboxState {
-    pub fn new(sandboxes: &Path, home_base: &str, meta: &Meta) -> SandboxState {
-        SandboxState {
+    pub fn new(
+        sandboxes: &Path,
+        home_base: &str,
+        meta: &Meta,
+        host: Arc<HostConfig>,
+    ) -> Result<SandboxState> {
+        let dir = sandboxes.join(&meta.id);
+        let (mode, mounts) = match meta.isolation {
+            Isolation::Bwrap => {
+                let bwrap = super::isolation::probe().map_err(|why| {
+                    SandboxError::Unsupported(format!(
+                        "sandbox {} was made with --isolation bwrap, which cannot run here: {why}",
+                        meta.id
+                    ))
+                })?;
+                let mounts = vec![
+                    Mount {
+                        at: BWRAP_HOME.into(),
+                        host: dir.join(ROOT_DIR),
+                    },
+                    Mount {
+                        at: BWRAP_TMP.into(),
+                        host: dir.join(TMP_DIR),
+                    },
+                    Mount {
+                        at: BWRAP_SYSTEM.into(),
+                        host: dir.join(SYSTEM_DIR),
+                    },
+                ];
+                (Mode::Bwrap(bwrap), mounts)
+            }
+            // Unconfined processes see host paths; the sandbox's own /tmp is the host's.
+            Isolation::None => {
+                let base = format!("{home_base}/{}", meta.id);
+                let mounts = vec![
+                    Mount {
+                        at: format!("{base}/{ROOT_DIR}"),
+                        host: dir.join(ROOT_DIR),
+                    },
+                    Mount {
+                        at: format!("{base}/{SYSTEM_DIR}"),
+                        host: dir.join(SYSTEM_DIR),
+                    },
+                ];
+                (Mode::None, mounts)
+            }
+        };
+        let home = mounts[0].at.clone();
+        let system = mounts
+            .iter()
+            .find(|m| m.host.ends_with(SYSTEM_DIR))
+            .map_or_else(String::new, |m| m.at.clone());
+        Ok(SandboxState {
             id: meta.id.clone(),
-            dir: sandboxes.join(&meta.id),
+            dir,
             sandboxes: sandboxes.to_path_buf(),
-            home: format!("{home_base}/{}/{ROOT_DIR}", meta.id),
+            mode,
+            home,
+            system,
+            mounts,
             envs: meta.envs.clone(),
+            host,
             deadline: AtomicU64::new(meta.deadline),
             internet: AtomicBool::new(meta.internet),
             gone: AtomicBool::new(false),
             meta_lock: Mutex::new(()),
             destroy_lock: Mutex::new(()),
+            holders: Mutex::new([None, None]),
+            sealed: Mutex::new(None),
             procs: Mutex::default(),
+        })
+    }
+
+    /// This sandbox's directories as bwrap binds them.
+    pub fn binds(&self) -> Binds<'_> {
+        Binds {
+            home: &self.mounts[0].host,
+            tmp: &self.mounts[1].host,
+            system: &self.mounts[2].host,
+            passwd: &self.host.passwd,
+            group: &self.host.group,
+            shared: &self.host.system_read_only,
         }
     }
 
+    /// The holder of a namespace, alive (bwrap only).
+    pub fn holder(&self, space: Space) -> Result<Holder> {
+        let slot = space as usize;
+        if let Some(h) = lock(&self.holders)[slot].filter(Holder::is_alive) {
+            return Ok(h);
+        }
+        // Another wmo-e2b process may have replaced it (a reset), or it died.
+        match ns::read(&self.dir, space) {
+            Ok(h) if h.is_alive() => {
+                lock(&self.holders)[slot] = Some(h);
+                Ok(h)
+            }
+            Ok(_) | Err(_) => {
+                self.ensure_live()?;
+                Err(self.io_error(
+                    "joining the sandbox's namespace",
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("the {space:?} namespace of the sandbox is gone"),
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Starts the holder of `space` and caches it.
+    pub fn start_holder(&self, bwrap: &Bwrap, space: Space) -> Result<Holder> {
+        let parent = match space {
+            Space::Sandbox => None,
+            Space::Task => Some(self.holder(Space::Sandbox)?),
+        };
+        let h = ns::start(bwrap, &self.binds(), &self.dir, space, parent.as_ref())
+            .map_err(|e| self.io_error("starting the sandbox's namespace", e))?;
+        lock(&self.holders)[space as usize] = Some(h);
+        Ok(h)
+    }
+
+    /// The uid that host-made files are handed to (when the host is root under bwrap).
+    pub fn file_owner(&self) -> Option<u32> {
+        match self.mode {
+            Mode::Bwrap(b) if b.chowns() => Some(SANDBOX_UID),
+            _ => None,
+        }
+    }
+
+    /// The host directory and relative path behind a sandbox path; `BadPath` when the path
+    /// is relative, climbs with `..`, or lies outside every directory the host serves.
+    pub fn locate(&self, path: &str) -> Result<(&Path, String)> {
+        let bad = |reason| SandboxError::BadPath {
+            path: path.to_string(),
+            reason,
+        };
+        if !path.starts_with('/') {
+            return Err(bad("sandbox paths must be absolute"));
+        }
+        for m in &self.mounts {
+            let rest = match path.strip_prefix(m.at.as_str()) {
+                Some(rest) if rest.is_empty() || rest.starts_with('/') => rest,
+                _ => continue,
+            };
+            let rest = rest.trim_start_matches('/');
+            if rest.is_empty() || rest.split('/').all(|p| p.is_empty() || p == ".") {
+                return Ok((&m.host, String::new()));
+            }
+            return normalize_relative(rest)
+                .map(|rel| (m.host.as_path(), rel))
+                .map_err(bad);
+        }
+        Err(bad(
+            "the path is outside the sandbox's home, /tmp and system directories",
+        ))
+    }
+
+    /// Opens the directory behind `path` for confined operations, with the path beneath it.
+    pub fn beneath(&self, path: &str) -> Result<(Beneath, String)> {
+        let (dir, rel) = self.locate(path)?;
+        let b =
+            Beneath::open(dir, self.file_owner()).map_err(|e| self.file_error(path, "open", e))?;
+        Ok((b, rel))
+    }
     pub fn internet(&self) -> bool {
         self.internet.load(Ordering::SeqCst)
     }
@@ -184,9 +360,13 @@ impl SandboxState {
         lock(&self.procs).get(&pid).cloned()
     }
 
-    fn cwd(&self, cwd: Option<&str>) -> Result<PathBuf> {
+    /// The working directory of a new process; a directory the host serves must exist.
+    fn cwd(&self, cwd: Option<&str>, role: crate::sandbox::Role) -> Result<String> {
         let Some(cwd) = cwd else {
-            return Ok(PathBuf::from(&self.home));
+            return Ok(match role {
+                crate::sandbox::Role::Task => self.home.clone(),
+                crate::sandbox::Role::System => self.system.clone(),
+            });
         };
         if !cwd.starts_with('/') {
             return Err(SandboxError::BadPath {
@@ -194,39 +374,41 @@ impl SandboxState {
                 reason: "the working directory must be an absolute path",
             });
         }
-        if !Path::new(cwd).is_dir() {
+        let is_dir = match (self.mode, self.locate(cwd)) {
+            (_, Ok(_)) => {
+                let (b, rel) = self.beneath(cwd)?;
+                b.metadata(&rel).is_ok_and(|m| m.is_dir())
+            }
+            // Elsewhere a confined process sees the read-only system directories.
+            (Mode::Bwrap(_), Err(_)) => true,
+            (Mode::None, Err(_)) => Path::new(cwd).is_dir(),
+        };
+        if !is_dir {
             return Err(SandboxError::NotFound {
                 path: cwd.to_string(),
             });
         }
-        Ok(PathBuf::from(cwd))
-    }
-
-    /// Maps an absolute path under `home` to the file it names, lexically refusing escapes.
-    fn resolve(&self, path: &str) -> Result<PathBuf> {
-        let bad = |reason| SandboxError::BadPath {
-            path: path.to_string(),
-            reason,
-        };
-        let rel = path
-            .strip_prefix(self.home.as_str())
-            .and_then(|r| r.strip_prefix('/'))
-            .ok_or_else(|| bad("the path is not under the sandbox home"))?;
-        match contained_path(&self.home, rel) {
-            Ok(p) => Ok(PathBuf::from(p)),
-            Err(SandboxError::BadPath { reason, .. }) => Err(bad(reason)),
-            Err(e) => Err(e),
-        }
+        Ok(cwd.to_string())
     }
 
     /// Classifies a file error by errno: a missing file is the caller's mistake (unless the
-    /// whole sandbox is gone), and so is a path through a regular file.
-    fn file_error(&self, path: &Path, what: &str, e: io::Error) -> SandboxError {
-        let path = path.display().to_string();
+    /// whole sandbox is gone), and so is a path through a regular file or a symlink.
+    pub fn file_error(&self, path: &str, what: &str, e: io::Error) -> SandboxError {
+        let path = path.to_string();
         match e.raw_os_error() {
             Some(libc::ENOENT) => match self.ensure_live() {
                 Ok(()) => SandboxError::NotFound { path },
                 Err(gone) => gone,
+            },
+            // RESOLVE_BENEATH refused an absolute symlink or one that climbs out.
+            Some(libc::EXDEV) => SandboxError::BadPath {
+                path,
+                reason: "it goes through a symlink that leaves the sandbox directory",
+            },
+            // O_NOFOLLOW met a symlink where the host never follows one.
+            Some(libc::ELOOP) => SandboxError::BadPath {
+                path,
+                reason: "it goes through a symlink, which the host does not follow here",
             },
             Some(
                 libc::ENOTDIR
@@ -235,36 +417,20 @@ impl SandboxState {
                 | libc::EACCES
                 | libc::EPERM
                 | libc::ENAMETOOLONG
-                | libc::ELOOP
-                | libc::EFBIG,
+                | libc::EFBIG
+                | libc::ENXIO,
             ) => SandboxError::Remote {
                 class: ErrorClass::BadRequest,
                 message: format!("cannot {what} {path}"),
                 source: Some(Box::new(e)),
             },
+            _ if e.kind() == io::ErrorKind::InvalidInput => SandboxError::Remote {
+                class: ErrorClass::BadRequest,
+                message: format!("cannot {what} {path}: {e}"),
+                source: None,
+            },
             _ => self.io_error(format!("{what} {path}"), e),
         }
-    }
-
-    /// Creates the directories between `home` and `target` one by one. `create_dir_all` could
-    /// recreate the sandbox directory itself after a concurrent kill; this fails instead.
-    fn make_parents(&self, target: &Path) -> Result<()> {
-        let Some(rel) = target
-            .parent()
-            .and_then(|p| p.strip_prefix(&self.home).ok())
-        else {
-            return Ok(());
-        };
-        let mut dir = PathBuf::from(&self.home);
-        for part in rel.components() {
-            dir.push(part);
-            match fs::create_dir(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(self.file_error(&dir, "create directory", e)),
-            }
-        }
-        Ok(())
     }
 }
 
@@ -278,6 +444,26 @@ impl LocalSandbox {
     pub fn dir(&self) -> &Path {
         &self.state.dir
     }
+
+    /// How the sandbox's processes are confined.
+    pub fn isolation(&self) -> Isolation {
+        match self.state.mode {
+            Mode::Bwrap(_) => Isolation::Bwrap,
+            Mode::None => Isolation::None,
+        }
+    }
+
+    /// The host's confined view of a sandbox path, for servers that answer file requests
+    /// (the emulator): operations on it never leave the sandbox's directories.
+    pub fn files(&self, path: &str) -> Result<(Beneath, String)> {
+        self.state.ensure_live()?;
+        self.state.beneath(path)
+    }
+
+    /// Classifies an error of an operation on [`LocalSandbox::files`].
+    pub fn file_error(&self, path: &str, what: &str, e: io::Error) -> SandboxError {
+        self.state.file_error(path, what, e)
+    }
 }
 
 impl Sandbox for LocalSandbox {
@@ -289,12 +475,27 @@ impl Sandbox for LocalSandbox {
         &self.state.home
     }
 
+    fn system_dir(&self) -> &str {
+        &self.state.system
+    }
+
+    fn seal(&self) -> Result<()> {
+        self.state.ensure_live()?;
+        super::reset::seal(&self.state)
+    }
+
+    fn reset(&self) -> Result<()> {
+        self.state.ensure_live()?;
+        super::reset::reset(&self.state)
+    }
+
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
         self.state.ensure_live()?;
-        let cwd = self.state.cwd(opts.cwd.as_deref())?;
+        let cwd = self.state.cwd(opts.cwd.as_deref(), opts.role)?;
         let launch = Launch {
             cmd,
             cwd: &cwd,
+            role: opts.role,
             envs: &opts.envs,
             stdin: false,
         };
@@ -303,10 +504,11 @@ impl Sandbox for LocalSandbox {
 
     fn spawn(&self, cmd: &str, opts: &SpawnOpts) -> Result<Process> {
         self.state.ensure_live()?;
-        let cwd = self.state.cwd(opts.cwd.as_deref())?;
+        let cwd = self.state.cwd(opts.cwd.as_deref(), opts.role)?;
         let launch = Launch {
             cmd,
             cwd: &cwd,
+            role: opts.role,
             envs: &opts.envs,
             stdin: opts.stdin,
         };
@@ -408,9 +610,10 @@ impl Sandbox for LocalSandbox {
 
     fn read_file(&self, path: &str) -> Result<Vec<u8>> {
         self.state.ensure_live()?;
-        let file = self.state.resolve(path)?;
-        let read_err = |e| self.state.file_error(&file, "read", e);
-        let len = fs::metadata(&file).map_err(read_err)?.len();
+        let (b, rel) = self.state.beneath(path)?;
+        let read_err = |e| self.state.file_error(path, "read", e);
+        let file = b.open_read(&rel).map_err(read_err)?;
+        let len = file.metadata().map_err(read_err)?.len();
         if len > MAX_FILE_BYTES {
             return Err(SandboxError::Remote {
                 class: ErrorClass::BadRequest,
@@ -420,14 +623,25 @@ impl Sandbox for LocalSandbox {
                 source: None,
             });
         }
-        meta::read_bounded(&file, MAX_FILE_BYTES).map_err(read_err)
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut io::Read::take(file, MAX_FILE_BYTES), &mut bytes)
+            .map_err(read_err)?;
+        Ok(bytes)
     }
 
     fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
         self.state.ensure_live()?;
-        let file = self.state.resolve(path)?;
-        self.state.make_parents(&file)?;
-        fs::write(&file, data).map_err(|e| self.state.file_error(&file, "write", e))
+        let (b, rel) = self.state.beneath(path)?;
+        if rel.is_empty() {
+            return Err(SandboxError::BadPath {
+                path: path.to_string(),
+                reason: "the path names a directory",
+            });
+        }
+        // A vanished sandbox directory makes every open fail with ENOENT; file_error tells
+        // that from a missing parent.
+        b.write(&rel, data)
+            .map_err(|e| self.state.file_error(path, "write", e))
     }
 
     fn set_timeout(&self, secs: u64) -> Result<()> {

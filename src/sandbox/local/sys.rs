@@ -166,6 +166,69 @@ pub(super) fn wait_exit_keep_zombie(pid: u32) -> io::Result<()> {
     }
 }
 
+/// Hands `path` (not following a symlink there) to the sandbox user.
+pub(super) fn chown(path: &std::path::Path, uid: u32) -> io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(uid), Some(uid))
+}
+
+/// SIGKILLs the process `pid` if it is still the one that started at `start_time`.
+/// `Ok(false)` when it is gone (or the pid names another process now).
+pub(super) fn kill_recorded(pid: u32, start_time: u64) -> io::Result<bool> {
+    let Some(p) = as_pgid(pid) else {
+        return Ok(false);
+    };
+    match proc_stat(pid) {
+        Some(stat) if stat.start_time == start_time && stat.is_running() => {}
+        _ => return Ok(false),
+    }
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    if unsafe { libc::kill(p, libc::SIGKILL) } == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        Ok(false)
+    } else {
+        Err(err)
+    }
+}
+
+/// Polls until `pid` leads its own process group (it ran `setsid`), for at most `within`;
+/// false if it exited first or the time ran out.
+pub(super) fn wait_group_leader(pid: u32, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        match proc_stat(pid) {
+            Some(s) if s.pgrp == pid => return true,
+            Some(s) if s.is_running() => {}
+            _ => return false,
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Whether the process that started at `start_time` still runs as `pid`.
+pub(super) fn is_alive(pid: u32, start_time: u64) -> bool {
+    proc_stat(pid).is_some_and(|s| s.start_time == start_time && s.is_running())
+}
+
+/// Polls until the recorded process is no longer running, for at most `within`.
+pub(super) fn wait_gone(pid: u32, start_time: u64, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if !is_alive(pid, start_time) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(GROUP_POLL);
+    }
+}
+
 /// Sets O_NONBLOCK on our end of a pipe so writes can be given a deadline.
 pub(super) fn set_nonblocking(fd: libc::c_int) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor we own, with integer arguments only.
@@ -205,8 +268,6 @@ pub(super) fn wait_writable(fd: libc::c_int, timeout: Duration) -> io::Result<bo
     }
 }
 
-/// The `unshare` flag that puts a process in a fresh network namespace on this host, probed
-/// once per wmo-e2b process.
 /// The absolute path of a program found on `PATH`, resolved once per process.
 ///
 /// Spawning by absolute path lets std use `posix_spawn`; with a bare name and a cleared
@@ -237,6 +298,8 @@ fn is_executable(path: &std::path::Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// The `unshare` flag that puts a process in a fresh network namespace on this host, probed
+/// once per wmo-e2b process.
 pub(super) fn netlock_flag() -> Result<&'static str, SandboxError> {
     static PROBE: OnceLock<Result<&'static str, String>> = OnceLock::new();
     PROBE
@@ -275,7 +338,7 @@ fn probe_netlock() -> Result<&'static str, String> {
 }
 
 /// Runs a short probe command with a deadline; `None` if it had to be killed.
-fn run_bounded(
+pub(super) fn run_bounded(
     mut cmd: Command,
     timeout: Duration,
 ) -> io::Result<Option<(std::process::ExitStatus, String)>> {

@@ -3,14 +3,17 @@
 //! A kill first renames the sandbox directory to a tombstone (`.dead-<id>-<rand>`). The rename
 //! is atomic, so exactly one killer wins, `list` and `connect` stop seeing the sandbox at once,
 //! and a process start racing the kill fails to record itself (its directory is gone) and
-//! kills its own child. Then every recorded process group is SIGKILLed, the kill is confirmed,
-//! and the tombstone is removed. A tombstone left by a crash is finished by the next sweep.
+//! kills its own child. Then every recorded process group and (under bwrap) the PID 1 of each
+//! of the sandbox's namespaces is SIGKILLed, which takes every process in them down however it
+//! detached; the kill is confirmed, and the tombstone is removed. A tombstone left by a crash
+//! is finished by the next sweep.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use super::meta::{self, PROCS_DIR};
+use super::ns;
 use super::process::{ProcTable, KILL_WAIT};
 use super::{lock, sys};
 use crate::sandbox::{Result, SandboxError};
@@ -55,7 +58,20 @@ pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) ->
             Err(e) => return Err(io_error(format!("killing process group {}", rec.pid), e)),
         }
     }
+    let holders = ns::recorded(tomb);
+    for h in &holders {
+        if let Err(e) = h.signal() {
+            return Err(io_error(format!("killing namespace holder {}", h.init), e));
+        }
+    }
     let alive = sys::wait_groups_gone(&signalled, KILL_WAIT);
+    let holders_alive = ns::wait_all_gone(&holders, KILL_WAIT);
+    if let Some(h) = holders_alive.first() {
+        return Err(io_error(
+            format!("killing the namespace of process {}", h.init),
+            io::Error::new(io::ErrorKind::TimedOut, "still running 5 s after SIGKILL"),
+        ));
+    }
     if !alive.is_empty() {
         // Keep the tombstone so the next sweep tries again.
         return Err(io_error(

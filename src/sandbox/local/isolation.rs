@@ -1,0 +1,482 @@
+//! How local sandbox processes are confined: under bubblewrap (`bwrap`), or not at all.
+//!
+//! Under bwrap every sandbox process gets its own mount namespace in which only the system
+//! directories (read-only, with the host's secrets masked), a fresh `/proc` and `/dev`, and
+//! the sandbox's own directories exist: its home at `/home/user`, a private `/tmp`, and, for
+//! [`Role::System`] processes only, the system directory at `/opt/wmo-e2b`. Nothing of the
+//! host's home or of the state directory is visible. Processes join the sandbox's PID
+//! namespaces (see `ns`), run as uid 1000 (`user`, as on E2B) without capabilities, and get
+//! their own network namespace when the network is locked.
+//!
+//! Run as root, bwrap works without a user namespace: it is given only the capabilities to
+//! change uid, and `setpriv` drops to uid 1000 before the command runs, so sandboxed code
+//! never holds host root (which could write `/proc/sys` files it owns). Run as anyone else,
+//! bwrap makes a user namespace mapping uid 1000 inside to the caller outside.
+//!
+//! The probe that decides whether bwrap works here runs once per wmo-e2b process.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::sys;
+use crate::sandbox::Role;
+
+/// The uid and gid sandbox processes run as, inside and (when the host runs as root) outside.
+pub const SANDBOX_UID: u32 = 1000;
+/// The home, `/tmp` and system directory as sandbox processes see them under bwrap.
+pub const BWRAP_HOME: &str = "/home/user";
+pub const BWRAP_TMP: &str = "/tmp";
+pub const BWRAP_SYSTEM: &str = "/opt/wmo-e2b";
+
+/// System directories bound read-only (or recreated as the symlinks they are on the host).
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+];
+/// Host secrets under `/etc` that sandboxed code must not read: files are covered with an
+/// empty file, directories with an empty tmpfs.
+const MASKED_FILES: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+];
+const MASKED_DIRS: &[&str] = &["/etc/ssh", "/etc/ssl/private"];
+/// The identity sandboxed code sees, as on E2B; written beside the sandboxes and bound over
+/// the host's files, which name the host's own accounts.
+const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\n\
+    user:x:1000:1000:user:/home/user:/bin/bash\n\
+    nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+const GROUP: &str = "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n";
+/// A PATH that finds the usual tools in the sandbox; the directory holding `node` is added
+/// when it lies elsewhere.
+const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// How a sandbox's processes are confined; recorded in its `meta.json`, so every wmo-e2b
+/// process that connects to it starts processes the same way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// Namespaces by bubblewrap: a boundary.
+    Bwrap,
+    /// Plain host processes in their own process groups: **not** a boundary. Sandboxes made
+    /// before isolation existed read as this.
+    #[default]
+    None,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Bwrap => "bwrap",
+            Isolation::None => "none",
+        }
+    }
+}
+
+/// What the user asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IsolationChoice {
+    /// bwrap when it works here, otherwise none (with a warning for the user).
+    #[default]
+    Auto,
+    Bwrap,
+    None,
+}
+
+/// The isolation a backend will use, and why it is not bwrap when `auto` fell back.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub isolation: Isolation,
+    /// Set when `auto` fell back to none: what is missing and how to install it.
+    pub fallback_reason: Option<String>,
+}
+
+/// Decides the isolation for `choice`; `Err` only when bwrap was asked for and cannot run.
+pub fn resolve(choice: IsolationChoice) -> Result<Resolved, String> {
+    match choice {
+        IsolationChoice::None => Ok(Resolved {
+            isolation: Isolation::None,
+            fallback_reason: None,
+        }),
+        IsolationChoice::Bwrap => probe().map(|_| Resolved {
+            isolation: Isolation::Bwrap,
+            fallback_reason: None,
+        }),
+        IsolationChoice::Auto => Ok(match probe() {
+            Ok(_) => Resolved {
+                isolation: Isolation::Bwrap,
+                fallback_reason: None,
+            },
+            Err(why) => Resolved {
+                isolation: Isolation::None,
+                fallback_reason: Some(why),
+            },
+        }),
+    }
+}
+
+/// How bwrap gets its privileges on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Privilege {
+    /// We are root: bwrap needs no user namespace; `setpriv` drops to [`SANDBOX_UID`].
+    Root,
+    /// Anyone else: bwrap maps [`SANDBOX_UID`] to us in a user namespace.
+    UserNamespace,
+}
+
+/// Everything about bwrap that is the same for every sandbox on this host, found once.
+#[derive(Debug)]
+pub(super) struct Bwrap {
+    pub privilege: Privilege,
+    pub sh: PathBuf,
+    pub setsid: PathBuf,
+    pub bwrap: PathBuf,
+    /// `setpriv` (root only).
+    pub setpriv: PathBuf,
+    /// The system part of every bwrap command line (mounts, namespaces), before the
+    /// per-sandbox binds.
+    system_args: Vec<OsString>,
+    /// PATH inside the sandbox.
+    pub path_env: String,
+}
+
+/// bwrap as found and tested on this host, or why it cannot be used; probed once per process.
+pub(super) fn probe() -> Result<&'static Bwrap, String> {
+    static PROBE: OnceLock<Result<Bwrap, String>> = OnceLock::new();
+    PROBE.get_or_init(probe_now).as_ref().map_err(Clone::clone)
+}
+
+fn probe_now() -> Result<Bwrap, String> {
+    let install = "install the `bubblewrap` package (e.g. `apt-get install bubblewrap`), or pass \
+                   --isolation none to run unconfined";
+    let find = |name: &'static str| -> Result<PathBuf, String> {
+        let p = sys::program(name);
+        if p.is_absolute() {
+            Ok(p)
+        } else {
+            Err(format!("`{name}` is not on PATH"))
+        }
+    };
+    let bwrap = find("bwrap").map_err(|e| format!("{e}: {install}"))?;
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let privilege = if unsafe { libc::geteuid() } == 0 {
+        Privilege::Root
+    } else {
+        Privilege::UserNamespace
+    };
+    let setpriv = match privilege {
+        Privilege::Root => find("setpriv").map_err(|e| format!("{e} (util-linux)"))?,
+        Privilege::UserNamespace => PathBuf::new(),
+    };
+    let mut b = Bwrap {
+        privilege,
+        sh: find("sh")?,
+        setsid: find("setsid").map_err(|e| format!("{e} (util-linux)"))?,
+        bwrap,
+        setpriv,
+        system_args: Vec::new(),
+        path_env: SANDBOX_PATH.to_string(),
+    };
+    b.system_args = system_args(&mut b.path_env);
+    check(&b).map_err(|why| format!("bwrap cannot create sandboxes here ({why}): {install}"))?;
+    Ok(b)
+}
+
+/// The mounts and namespaces every sandbox process shares.
+fn system_args(path_env: &mut String) -> Vec<OsString> {
+    let mut a = Args::default();
+    a.push(["--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]);
+    for dir in SYSTEM_DIRS {
+        let p = Path::new(dir);
+        match std::fs::symlink_metadata(p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(target) = std::fs::read_link(p) {
+                    a.push(["--symlink"]);
+                    a.path(&target);
+                    a.push([*dir]);
+                }
+            }
+            Ok(m) if m.is_dir() => a.push(["--ro-bind", dir, dir]),
+            _ => {}
+        }
+    }
+    for file in MASKED_FILES {
+        if Path::new(file).is_file() {
+            a.push(["--ro-bind", "/dev/null", file]);
+        }
+    }
+    for dir in MASKED_DIRS {
+        if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+            a.push(["--tmpfs", dir]);
+        }
+    }
+    // A resolv.conf that is a symlink (into /run, say) must find its target inside too.
+    if let Ok(target) = std::fs::canonicalize("/etc/resolv.conf") {
+        if !SYSTEM_DIRS.iter().any(|d| target.starts_with(d)) {
+            a.push(["--ro-bind-try"]);
+            a.path(&target);
+            a.path(&target);
+        }
+    }
+    // Node.js installed outside the system directories (nvm, a tarball under /opt): bind its
+    // installation, and only that, where it is.
+    if let Ok(node) = std::fs::canonicalize(sys::program("node")) {
+        if let Some(prefix) = node.parent().and_then(Path::parent) {
+            if !SYSTEM_DIRS.iter().any(|d| node.starts_with(d)) && prefix != Path::new("/") {
+                a.push(["--ro-bind"]);
+                a.path(prefix);
+                a.path(prefix);
+                if let Some(bin) = node.parent().and_then(Path::to_str) {
+                    *path_env = format!("{bin}:{path_env}");
+                }
+            }
+        }
+    }
+    a.push([
+        "--proc",
+        "/proc",
+        // Files under /proc/sys belong to root; never writable from a sandbox.
+        "--ro-bind",
+        "/proc/sys",
+        "/proc/sys",
+        "--ro-bind-try",
+        "/proc/sysrq-trigger",
+        "/proc/sysrq-trigger",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/dev/shm",
+        // Parents of the sandbox's own mounts, world-readable (bwrap makes them 0700).
+        "--dir",
+        "/home",
+        "--dir",
+        "/opt",
+    ]);
+    a.0
+}
+
+/// A command line under construction.
+#[derive(Default)]
+pub(super) struct Args(pub Vec<OsString>);
+
+impl Args {
+    pub fn push<const N: usize>(&mut self, args: [&str; N]) {
+        self.0.extend(args.iter().map(OsString::from));
+    }
+
+    pub fn path(&mut self, p: &Path) {
+        self.0.push(p.as_os_str().to_owned());
+    }
+}
+
+/// One sandbox's directories on the host, as bwrap binds them.
+pub(super) struct Binds<'a> {
+    pub home: &'a Path,
+    pub tmp: &'a Path,
+    pub system: &'a Path,
+    /// The identity files written beside the sandboxes.
+    pub passwd: &'a Path,
+    pub group: &'a Path,
+    /// Host directories shared read-only with `Role::System` processes, and where.
+    pub shared: &'a [(PathBuf, String)],
+}
+
+impl Bwrap {
+    /// `setsid bwrap <system mounts> <sandbox binds> [namespace]` up to (not including) the
+    /// `--` before the command. `join` is the namespace options (`--pidns 3`, ...).
+    pub fn command_line(
+        &self,
+        binds: &Binds<'_>,
+        role: Role,
+        network: bool,
+        join: &[&str],
+        extra: &[&str],
+    ) -> Args {
+        let mut a = Args::default();
+        // A session of its own: no controlling terminal to inject keystrokes into, and one
+        // process group (the session's) that a kill of this command reaches entirely.
+        a.path(&self.setsid);
+        a.path(&self.bwrap);
+        a.0.extend(join.iter().map(OsString::from));
+        match self.privilege {
+            // bwrap itself must reach the working directory (the sandbox user's, maybe 0700)
+            // and change uid; `setpriv` then drops to the sandbox user, which clears every
+            // capability, so the command holds none.
+            Privilege::Root => a.push([
+                "--cap-drop",
+                "ALL",
+                "--cap-add",
+                "CAP_SETUID",
+                "--cap-add",
+                "CAP_SETGID",
+                "--cap-add",
+                "CAP_DAC_READ_SEARCH",
+            ]),
+            Privilege::UserNamespace => {}
+        }
+        a.0.extend(self.system_args.iter().cloned());
+        a.push(["--ro-bind"]);
+        a.path(binds.passwd);
+        a.push(["/etc/passwd", "--ro-bind"]);
+        a.path(binds.group);
+        a.push(["/etc/group", "--bind"]);
+        a.path(binds.home);
+        a.push([BWRAP_HOME, "--bind"]);
+        a.path(binds.tmp);
+        a.push([BWRAP_TMP]);
+        if role == Role::System {
+            a.push(["--bind"]);
+            a.path(binds.system);
+            a.push([BWRAP_SYSTEM]);
+            for (host, at) in binds.shared {
+                a.push(["--ro-bind"]);
+                a.path(host);
+                a.push([at.as_str()]);
+            }
+        }
+        if !network {
+            a.push(["--unshare-net"]);
+        }
+        a.0.extend(extra.iter().map(OsString::from));
+        a
+    }
+
+    /// What runs the command itself after bwrap's `--`: under root, `setpriv` drops to the
+    /// sandbox user first.
+    pub fn user_prefix(&self) -> Vec<OsString> {
+        match self.privilege {
+            Privilege::Root => {
+                let id = SANDBOX_UID.to_string();
+                vec![
+                    self.setpriv.clone().into_os_string(),
+                    "--reuid".into(),
+                    id.clone().into(),
+                    "--regid".into(),
+                    id.into(),
+                    "--clear-groups".into(),
+                    "--inh-caps=-all".into(),
+                    "--".into(),
+                ]
+            }
+            Privilege::UserNamespace => Vec::new(),
+        }
+    }
+
+    /// The options that make a fresh sandbox namespace holder: its own PID namespace (and
+    /// user namespace when not root).
+    pub fn holder_options(&self) -> Vec<&'static str> {
+        match self.privilege {
+            Privilege::Root => vec!["--unshare-pid"],
+            Privilege::UserNamespace => vec![
+                "--unshare-user",
+                "--uid",
+                "1000",
+                "--gid",
+                "1000",
+                "--unshare-pid",
+            ],
+        }
+    }
+
+    /// Options that join the namespaces opened (by the join shell) as fds 3 (PID) and 4
+    /// (user).
+    pub fn join_options(&self) -> Vec<&'static str> {
+        match self.privilege {
+            Privilege::Root => vec!["--pidns", "3"],
+            Privilege::UserNamespace => vec!["--userns", "4", "--pidns", "3"],
+        }
+    }
+
+    /// Whether the host writes files for the sandbox user (and must hand them over).
+    pub fn chowns(&self) -> bool {
+        self.privilege == Privilege::Root
+    }
+}
+
+/// Writes the identity files sandboxes see into `dir` (once per backend).
+pub(super) fn write_identity(dir: &Path) -> io::Result<(PathBuf, PathBuf)> {
+    let passwd = dir.join("passwd");
+    let group = dir.join("group");
+    for (path, text) in [(&passwd, PASSWD), (&group, GROUP)] {
+        if std::fs::read(path).ok().as_deref() != Some(text.as_bytes()) {
+            std::fs::write(path, text)?;
+        }
+        // Readable by bwrap's sandbox user in a user namespace, which binds it as itself.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))?;
+    }
+    Ok((passwd, group))
+}
+
+/// Starts a throwaway sandbox with the namespaces sandboxes use and checks that it runs.
+fn check(b: &Bwrap) -> Result<(), String> {
+    let scratch = tempfile_dir().map_err(|e| format!("no scratch directory: {e}"))?;
+    let home = scratch.join("home");
+    let tmp = scratch.join("tmp");
+    let result = (|| {
+        std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+        let (passwd, group) = write_identity(&scratch).map_err(|e| e.to_string())?;
+        if b.chowns() {
+            for d in [&home, &tmp] {
+                sys::chown(d, SANDBOX_UID).map_err(|e| e.to_string())?;
+            }
+        }
+        let binds = Binds {
+            home: &home,
+            tmp: &tmp,
+            system: &home,
+            passwd: &passwd,
+            group: &group,
+            shared: &[],
+        };
+        let mut opts = b.holder_options();
+        opts.push("--unshare-net");
+        let line = b.command_line(&binds, Role::Task, true, &opts, &["--chdir", BWRAP_HOME]);
+        let mut args = line.0;
+        args.push("--".into());
+        args.extend(b.user_prefix());
+        args.extend([
+            "/bin/sh".into(),
+            "-c".into(),
+            "test \"$(id -u)\" = 1000".into(),
+        ]);
+        let mut cmd = Command::new(&args[0]);
+        cmd.args(&args[1..])
+            .env_clear()
+            .env("PATH", &b.path_env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        match sys::run_bounded(cmd, Duration::from_secs(10)) {
+            Ok(Some((status, _))) if status.success() => Ok(()),
+            Ok(Some((status, stderr))) => Err(if stderr.trim().is_empty() {
+                status.to_string()
+            } else {
+                stderr.trim().to_string()
+            }),
+            Ok(None) => Err("a test sandbox did not finish within 10 s".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+/// A fresh private directory under the system temp directory for the probe.
+fn tempfile_dir() -> io::Result<PathBuf> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
+    let name: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let dir = std::env::temp_dir().join(format!("wmo-e2b-probe-{name}"));
+    std::fs::create_dir(&dir)?;
+    Ok(dir)
+}
