@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod support;
+
 struct Env {
     dir: tempfile::TempDir,
 }
@@ -1427,4 +1429,55 @@ fn an_unreachable_model_api_is_an_error_with_its_retries_counted_and_resume_reru
     let results = env.results();
     assert_eq!(results.len(), 2, "{results:?}");
     assert_eq!(results[1]["status"], "passed", "{results:?}");
+}
+
+#[test]
+fn a_task_never_sees_what_an_earlier_task_left() {
+    let env = Env::new();
+    let tasks = env.write_tasks(&support::contamination::tasks());
+    let o = env.eval(&tasks, &["-j", "1", "--isolation", "bwrap"]);
+    support::contamination::check(&env.results());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(env.live_sandboxes().is_empty());
+}
+
+#[test]
+fn a_setup_ending_in_ampersand_backgrounds_only_itself() {
+    let env = Env::new();
+    // A whole `rm -rf ws && mkdir -p ws && cd ws && sleep 1 &` in the background is killed
+    // with the setup's shell before it makes the workspace; the tool call and verify then
+    // have nowhere to run.
+    let tasks = env.write_tasks(&[task(
+        "bg",
+        &format!(
+            r#""setup": "sleep 1 &", "verify": "test \"$(cat seen.txt)\" = here", "model_script": [{{"tool_calls": [{{"name": "bash", "arguments": {{"command": "echo here > seen.txt"}}}}]}}, {SUBMIT}]"#
+        ),
+    )]);
+    let o = env.eval(&tasks, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(env.result("bg")["status"], "passed");
+}
+
+#[test]
+fn unconfined_sandboxes_are_never_reused_and_say_so() {
+    let env = Env::new();
+    let tasks = env.write_tasks(&[
+        task("one", &format!(r#""model_script": [{SUBMIT}]"#)),
+        task("two", &format!(r#""model_script": [{SUBMIT}]"#)),
+    ]);
+    let o = env.eval(&tasks, &["-j", "1", "--isolation", "none"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--isolation none"),
+        "{}",
+        text(&o)
+    );
+    for r in env.results() {
+        assert_eq!(r["sandbox"]["reused"], false, "{r}");
+    }
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(env.out().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["sandboxes"]["count"], 2, "{summary}");
+    assert_eq!(summary["sandboxes"]["unclean"], 2, "{summary}");
+    assert!(env.live_sandboxes().is_empty());
 }

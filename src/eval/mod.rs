@@ -567,14 +567,19 @@ fn prepare_workspace(
         }
     }
     // The workspace is recreated empty from home, by its home-relative name (command text
-    // names no absolute sandbox path). Without files, setup runs in the same command.
+    // names no absolute sandbox path). Without files, setup runs in the same command. The
+    // setup is a group of its own lines, so a trailing `&` backgrounds only what the setup
+    // says, never the workspace's creation.
     let rel = shell_quote(
         ws.strip_prefix(sandbox.home().trim_end_matches('/'))
             .unwrap_or(ws)
             .trim_start_matches('/'),
     );
     let fresh = format!("rm -rf {rel} && mkdir -p {rel}");
-    let setup = task.setup.as_deref().map(|s| format!("cd {rel} && {s}"));
+    let setup = task
+        .setup
+        .as_deref()
+        .map(|s| format!("cd {rel} && {{\n{s}\n}}"));
     let opts = RunOpts {
         timeout: wall,
         max_output: SETUP_TAIL,

@@ -309,4 +309,3 @@ mod tests {
         assert_eq!(done.unreadable, 0);
     }
 }
-

@@ -1,0 +1,5 @@
+//! What several integration test files share.
+
+#![allow(dead_code)]
+
+pub mod contamination;
