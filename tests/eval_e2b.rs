@@ -7,6 +7,8 @@ use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
+mod support;
+
 const KEY: &str = "e2b_0123456789abcdef0123456789abcdef01234567";
 
 struct Emulator {
@@ -460,4 +462,16 @@ fn more_workers_than_the_sandbox_cap_is_a_usage_error() {
         "{}",
         text(&o)
     );
+}
+
+#[test]
+fn a_task_never_sees_what_an_earlier_task_left_on_the_e2b_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(&dir.path().join("emu"), &[]);
+    let tasks = dir.path().join("tasks.jsonl");
+    std::fs::write(&tasks, support::contamination::tasks().join("\n") + "\n").unwrap();
+    let (o, out) = eval(dir.path(), &emu, &tasks, &["-j", "1"]);
+    support::contamination::check(&results(&out));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(emu.live().is_empty(), "{:?}", emu.live());
 }

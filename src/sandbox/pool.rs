@@ -95,7 +95,7 @@ pub struct Warm {
 
 /// Sandboxes created and sandbox-seconds (create to proven kill, or to now while live), and
 /// how the resets between tasks went.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct PoolUsage {
     pub count: u64,
     pub seconds: f64,
@@ -105,6 +105,8 @@ pub struct PoolUsage {
     pub unclean: u64,
     /// Seconds spent resetting, in all.
     pub reset_seconds: f64,
+    /// Why the first unclean reset could not prove its sandbox clean.
+    pub unclean_reason: Option<String>,
 }
 
 struct Live {
@@ -125,6 +127,7 @@ struct State {
     resets: u64,
     unclean: u64,
     reset_seconds: f64,
+    unclean_reason: Option<String>,
 }
 
 pub struct Pool {
@@ -255,7 +258,12 @@ impl Pool {
                         return Ok(());
                     }
                 }
-                Err(_) => st.unclean += 1,
+                Err(e) => {
+                    st.unclean += 1;
+                    if st.unclean_reason.is_none() {
+                        st.unclean_reason = Some(e.to_string());
+                    }
+                }
             }
         }
         let sandbox = warm.sandbox.clone();
@@ -360,6 +368,7 @@ impl Pool {
             resets: st.resets,
             unclean: st.unclean,
             reset_seconds: st.reset_seconds,
+            unclean_reason: st.unclean_reason.clone(),
         }
     }
 

@@ -81,9 +81,9 @@ while :; do
 done
 shopt -s dotglob nullglob
 rm -rf /home/user/* /tmp/* || {{ echo "cannot empty the home or /tmp"; exit 3; }}
-cp -a "$S/home/." /home/user/ && cp -a "$S/tmp/." /tmp/ || {{ echo "cannot restore the sealed state"; exit 3; }}
+cp -a "$S/home/." /home/user/ && cp -a "$S/tmp/." /tmp/ && chmod 1777 /tmp || {{ echo "cannot restore the sealed state"; exit 3; }}
 # A directory's own size only grows as entries come and go, so it is left out.
-listing() {{ cd "$1" && {{ find . -type d -printf '%y %m %u %p\n'; find . ! -type d -printf '%y %m %u %s %l %p\n'; }} | LC_ALL=C sort; }}
+listing() {{ cd "$1" && {{ find . -mindepth 1 -type d -printf '%y %m %u %p\n'; find . -mindepth 1 ! -type d -printf '%y %m %u %s %l %p\n'; }} | LC_ALL=C sort; }}
 for d in home:/home/user tmp:/tmp; do
   if ! diff <(listing "$S/${{d%%:*}}") <(listing "${{d#*:}}") > /dev/null; then
     echo "${{d#*:}} differs from the sealed copy after the reset:"
