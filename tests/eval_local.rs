@@ -1481,3 +1481,46 @@ fn unconfined_sandboxes_are_never_reused_and_say_so() {
     assert_eq!(summary["sandboxes"]["unclean"], 2, "{summary}");
     assert!(env.live_sandboxes().is_empty());
 }
+
+/// The tools answered on the host (read_file, write_file) never follow a symlink the agent
+/// made out of the sandbox, and name the path instead.
+#[test]
+fn sandbox_tools_never_follow_a_symlink_out_of_the_sandbox() {
+    let env = Env::new();
+    let secret = env.path("secret.txt");
+    std::fs::write(&secret, "TOP SECRET").unwrap();
+    let target = env.path("host.txt");
+    std::fs::write(&target, "untouched").unwrap();
+    let link = format!(
+        "ln -s {} notes.txt && ln -s {} README.md",
+        secret.display(),
+        target.display()
+    );
+    let steps = [
+        serde_json::json!({"tool_calls": [{"name": "bash", "arguments": {"command": link}}]}),
+        serde_json::json!({"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}),
+        serde_json::json!({"tool_calls": [{"name": "write_file",
+            "arguments": {"path": "README.md", "content": "pwned"}}]}),
+    ];
+    let script = steps
+        .iter()
+        .map(Value::to_string)
+        .chain([SUBMIT.to_string()])
+        .collect::<Vec<_>>()
+        .join(", ");
+    let tasks = env.write_tasks(&[task("links", &format!(r#""model_script": [{script}]"#))]);
+    let o = env.eval(&tasks, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let responses: Vec<Value> = transcript_frames(&env, "links")
+        .into_iter()
+        .filter(|f| f["type"] == "tool_response")
+        .collect();
+    assert_eq!(responses.len(), 3, "{responses:?}");
+    for (r, path) in responses[1..].iter().zip(["notes.txt", "README.md"]) {
+        let content = r["content"].as_str().unwrap();
+        assert_eq!(r["is_error"], true, "{r}");
+        assert!(content.contains(path) && content.contains("symlink"), "{r}");
+        assert!(!content.contains("TOP SECRET"), "{r}");
+    }
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "untouched");
+}

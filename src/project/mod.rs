@@ -458,6 +458,12 @@ impl Project {
         })?;
         match self.sandbox.read_file(&full) {
             Ok(bytes) => Ok(bytes),
+            // A symlink out of the sandbox: refused, and never answered from the mirror
+            // either, which may hold an older file of that name.
+            Err(SandboxError::BadPath { reason, .. }) => Err(ProjectError::BadPath {
+                path: rel,
+                reason: reason.to_string(),
+            }),
             Err(e) => match std::fs::read(self.mirror_path(&rel)) {
                 Ok(bytes) => Ok(bytes),
                 Err(_) if e.class() == ErrorClass::BadRequest => {

@@ -23,8 +23,14 @@ const WALKER: &str = r#"
 const fs = require("fs"), path = require("path");
 const [root, maxFiles, maxBytes, maxPath] = process.argv.slice(1);
 const fail = (m) => { process.stderr.write(m + "\n"); process.exit(2); };
-let st;
-try { st = fs.lstatSync(root); } catch (e) { fail("source directory does not exist: " + root); }
+let st, at = "";
+// Every component of the root itself, from the home: a symlink anywhere on the way is refused,
+// never followed (it could lead out of the project, to the system's files).
+for (const part of root.split("/")) {
+  at = at ? at + "/" + part : part;
+  try { st = fs.lstatSync(at); } catch (e) { fail("source directory does not exist: " + root); }
+  if (st.isSymbolicLink()) fail(at + " is a symlink; a snapshot never follows one: " + root);
+}
 if (!st.isDirectory()) fail("not a directory: " + root);
 const files = [], rejected = [];
 let total = 0;
