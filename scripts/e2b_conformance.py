@@ -127,7 +127,7 @@ def test_cwd_and_envs():
     equal("make_dir new", SBX.files.make_dir("/home/user/work"), True)
     equal("make_dir existing", SBX.files.make_dir("/home/user/work"), False)
     r = SBX.commands.run("pwd; touch marker", cwd="/home/user/work")
-    check("run cwd", r.stdout.strip().endswith("/work"), r.stdout)
+    equal("run cwd", r.stdout, "/home/user/work\n")
     equal("file made in cwd exists", SBX.files.exists("/home/user/work/marker"), True)
     r = SBX.commands.run('echo "$GREETING"', envs={"GREETING": "hi there"})
     equal("run envs", r.stdout, "hi there\n")
@@ -239,6 +239,42 @@ def test_files():
     equal("files and commands see one home", r.stdout.strip(), str(len(data)))
 
 
+def test_paths_are_e2b_paths():
+    # As the official SDK's own file tests have it: what files report is where commands are.
+    pwd = SBX.commands.run("pwd").stdout.strip()
+    equal("commands start in the E2B home", pwd, "/home/user")
+    SBX.files.write("info.txt", "test")
+    info = SBX.files.get_info("info.txt")
+    equal("get_info path is the command's path", info.path, f"{pwd}/info.txt")
+    equal(
+        "get_info of a file",
+        (info.name, info.type.value, info.size, info.mode, info.permissions, info.owner, info.group),
+        ("info.txt", "file", 4, 0o644, "-rw-r--r--", "user", "user"),
+    )
+    check("get_info modified_time", info.modified_time is not None, info)
+    equal("get_info of a plain file has no symlink target", info.symlink_target, None)
+    equal("make_dir nested", SBX.files.make_dir("info_dir/nested"), True)
+    d = SBX.files.get_info("info_dir")
+    equal(
+        "get_info of a directory",
+        (d.path, d.type.value, d.size, d.mode, d.permissions, d.owner, d.group),
+        (f"{pwd}/info_dir", "dir", 0, 0o755, "drwxr-xr-x", "user", "user"),
+    )
+    equal("list paths", [e.path for e in SBX.files.list("info_dir")], [f"{pwd}/info_dir/nested"])
+    SBX.commands.run("ln -s info.txt rel_link && ln -s /home/user/info.txt abs_link")
+    for name in ["rel_link", "abs_link"]:
+        link = SBX.files.get_info(name)
+        equal(f"{name} is a symlink", link.type.value, "symlink")
+        equal(f"{name} reports its target's size", link.size, 4)
+        equal(f"{name} target", link.symlink_target, f"{pwd}/info.txt")
+        equal(f"{name} reads its target", SBX.files.read(name), "test")
+    SBX.files.write("/tmp/from-sdk.txt", "in tmp")
+    equal("a /tmp file from the SDK is the command's", SBX.commands.run("cat /tmp/from-sdk.txt").stdout, "in tmp")
+    SBX.commands.run("echo from-cmd > /tmp/from-cmd.txt")
+    equal("a /tmp file from a command reads through the SDK", SBX.files.read("/tmp/from-cmd.txt"), "from-cmd\n")
+    equal("get_info of a /tmp path", SBX.files.get_info("/tmp/from-cmd.txt").path, "/tmp/from-cmd.txt")
+
+
 def test_list_pagination():
     meta = {"suite": "conformance-list", "run": RUN}
     made = [Sandbox.create(metadata=meta, timeout=120) for _ in range(5)]
@@ -340,6 +376,7 @@ def main():
         test_create,
         test_run,
         test_cwd_and_envs,
+        test_paths_are_e2b_paths,
         test_background_stdin_connect_list,
         test_kill_command,
         test_command_timeout,

@@ -578,3 +578,61 @@ fn stream_input_feeds_stdin_in_order() {
     let frames = s.read_all();
     assert_eq!(output(&frames, "stdout"), "one\ntwo\n");
 }
+
+/// Symlinks made in the sandbox work as on E2B while they stay in it; one that leads to the
+/// host (which the sandbox cannot see, but can name) is refused by every file route.
+#[test]
+fn file_routes_never_follow_a_symlink_out_of_the_sandbox() {
+    let emu = start();
+    let sbx = sandbox(&emu);
+    // Not under /tmp: in the sandbox /tmp is its own, so a link there stays inside.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, "TOP SECRET").unwrap();
+    let target = dir.path().join("host.txt");
+    std::fs::write(&target, "untouched").unwrap();
+    emu.run(
+        &sbx,
+        &format!(
+            "echo inside > real.txt && ln -s real.txt rel && ln -s /home/user/real.txt abs \
+             && ln -s {} out && ln -s {} out-write && ln -s {} outdir",
+            secret.display(),
+            target.display(),
+            dir.path().display()
+        ),
+    );
+    for inside in ["/home/user/rel", "/home/user/abs"] {
+        assert_eq!(download(&emu, &sbx, inside), (200, b"inside\n".to_vec()));
+    }
+    let (status, body) = download(&emu, &sbx, "/home/user/out");
+    assert_eq!(status, 400);
+    assert!(!String::from_utf8_lossy(&body).contains("TOP SECRET"));
+    for path in ["out-write", "outdir/new.txt"] {
+        let (status, _) = upload(
+            &emu,
+            &sbx,
+            &format!("?path=/home/user/{path}"),
+            "application/octet-stream",
+            &[],
+            b"pwned",
+        );
+        assert_eq!(status, 400, "{path}");
+    }
+    let fs =
+        |method: &str, body: Value| emu.rpc(&sbx, &format!("filesystem.Filesystem/{method}"), body);
+    assert_eq!(
+        fs("ListDir", json!({"path": "/home/user/outdir"})).status,
+        400
+    );
+    assert_eq!(
+        fs("MakeDir", json!({"path": "/home/user/outdir/made"})).status,
+        400
+    );
+    let stat = fs("Stat", json!({"path": "/home/user/out"})).json();
+    assert_eq!(stat["entry"]["type"], "FILE_TYPE_SYMLINK", "{stat}");
+    // The link's own size (its target's length), never the host file's.
+    assert_ne!(stat["entry"]["size"], "10", "{stat}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "untouched");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+}

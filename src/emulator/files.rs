@@ -36,14 +36,80 @@ fn under_system(e2b: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
-/// The sandbox's confined view of an E2B path, and the path normalized.
+/// Symlink hops one path may take, as Linux allows.
+const MAX_HOPS: usize = 40;
+
+/// How much of a path's symlinks envd would follow for an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Follow {
+    /// Every component (reads, writes, listings, working directories).
+    All,
+    /// All but the last, which is acted on itself (stat, remove, move).
+    Parents,
+}
+
+/// Resolves the symlinks of a normalized E2B path as the sandbox itself would, so a link
+/// made inside the sandbox works as on E2B. Each hop is looked up beneath the sandbox's
+/// directories; what lies outside them is never looked at (a link out is left for the
+/// confined operation to refuse).
+pub(super) fn resolve(entry: &SandboxEntry, e2b: &str, follow: Follow) -> Result<String, String> {
+    let mut todo: std::collections::VecDeque<String> = e2b
+        .split('/')
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect();
+    let mut done = String::new();
+    let mut hops = 0;
+    while let Some(part) = todo.pop_front() {
+        match part.as_str() {
+            "." => continue,
+            ".." => {
+                done.truncate(done.rfind('/').unwrap_or(0));
+                continue;
+            }
+            _ => {}
+        }
+        let candidate = format!("{done}/{part}");
+        if todo.is_empty() && follow == Follow::Parents {
+            done = candidate;
+            break;
+        }
+        let link = entry.sandbox.files(&candidate).ok().and_then(|(b, rel)| {
+            b.symlink_metadata(&rel)
+                .ok()
+                .filter(|m| m.file_type().is_symlink())
+                .and_then(|_| b.read_link(&rel).ok())
+        });
+        let Some(target) = link else {
+            done = candidate;
+            continue;
+        };
+        hops += 1;
+        if hops > MAX_HOPS {
+            return Err(format!("too many levels of symbolic links: {e2b}"));
+        }
+        let target = target.to_string_lossy().into_owned();
+        if target.starts_with('/') {
+            done.clear();
+        }
+        for (i, p) in target.split('/').filter(|p| !p.is_empty()).enumerate() {
+            todo.insert(i, p.to_string());
+        }
+    }
+    Ok(if done.is_empty() { "/".into() } else { done })
+}
+
+/// The sandbox's confined view of an E2B path (its symlinks resolved as `follow` says), and
+/// the path as requested, normalized.
 fn locate(
     entry: &SandboxEntry,
     path: &str,
     role: Role,
+    follow: Follow,
 ) -> Result<(Beneath, String, String), String> {
     let e2b = paths::normalize(path, role).map_err(|e| e.to_string())?;
-    let (files, rel) = entry.sandbox.files(&e2b).map_err(|e| match e {
+    let resolved = resolve(entry, &e2b, follow)?;
+    let (files, rel) = entry.sandbox.files(&resolved).map_err(|e| match e {
         SandboxError::BadPath { .. } => format!(
             "path '{e2b}' is outside /home/user, /tmp and {SYSTEM_DIR}: the emulator serves only these"
         ),
@@ -60,7 +126,7 @@ pub(super) fn download(entry: &SandboxEntry, req: &Request) -> Response {
     let Some(path) = req.query("path").filter(|p| !p.is_empty()) else {
         return plain_error(400, "path is required");
     };
-    let (files, rel, e2b) = match locate(entry, path, role) {
+    let (files, rel, e2b) = match locate(entry, path, role, Follow::All) {
         Ok(l) => l,
         Err(m) => return plain_error(400, &m),
     };
@@ -160,7 +226,7 @@ pub(super) fn upload(entry: &SandboxEntry, req: &Request) -> Response {
     }
     let mut resolved = Vec::with_capacity(files.len());
     for (path, data) in files {
-        let (files, rel, e2b) = match locate(entry, &path, role) {
+        let (files, rel, e2b) = match locate(entry, &path, role, Follow::All) {
             Ok(l) => l,
             Err(m) => return plain_error(400, &m),
         };
@@ -177,8 +243,8 @@ pub(super) fn upload(entry: &SandboxEntry, req: &Request) -> Response {
         if rel.is_empty() || files.metadata(&rel).is_ok_and(|m| m.is_dir()) {
             return plain_error(400, &format!("path '{e2b}' is a directory"));
         }
-        if let Err(e) = entry.sandbox.write_file(&e2b, &data) {
-            return write_error(&e2b, &e);
+        if let Err(e) = files.write(&rel, &data) {
+            return write_error(&e2b, &entry.sandbox.file_error(&e2b, "write", e));
         }
         let name = e2b.rsplit('/').next().unwrap_or("").to_string();
         written.push(json!({"path": e2b, "name": name, "type": "file"}));
@@ -366,10 +432,11 @@ fn path_arg(
     name: &str,
     role: Role,
     write: bool,
+    follow: Follow,
 ) -> RpcResult<(Beneath, String, String)> {
     let path = string_field(msg, name, name)?.unwrap_or_default();
     let (files, rel, e2b) =
-        locate(entry, &path, role).map_err(|m| RpcError::new(Code::InvalidArgument, m))?;
+        locate(entry, &path, role, follow).map_err(|m| RpcError::new(Code::InvalidArgument, m))?;
     if write && role == Role::Task && under_system(&e2b) {
         return Err(RpcError::new(
             Code::InvalidArgument,
@@ -380,9 +447,9 @@ fn path_arg(
 }
 
 fn stat(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
-    let (files, rel, e2b) = path_arg(entry, msg, "path", role, false)?;
+    let (files, rel, e2b) = path_arg(entry, msg, "path", role, false, Follow::Parents)?;
     match files.symlink_metadata(&rel) {
-        Ok(_) => Ok(json!({"entry": entry_info(&files, &rel, &e2b)?})),
+        Ok(_) => Ok(json!({"entry": entry_info(entry, &files, &rel, &e2b)?})),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Err(RpcError::new(
             Code::NotFound,
             format!("file not found: {e2b}"),
@@ -392,7 +459,7 @@ fn stat(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
 }
 
 fn make_dir(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
-    let (files, rel, e2b) = path_arg(entry, msg, "path", role, true)?;
+    let (files, rel, e2b) = path_arg(entry, msg, "path", role, true, Follow::All)?;
     match files.metadata(&rel) {
         Ok(m) if m.is_dir() => {
             return Err(RpcError::new(
@@ -411,11 +478,11 @@ fn make_dir(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
     files
         .make_dirs(&rel)
         .map_err(|e| io_error("cannot create directory", &e2b, &e))?;
-    Ok(json!({"entry": entry_info(&files, &rel, &e2b)?}))
+    Ok(json!({"entry": entry_info(entry, &files, &rel, &e2b)?}))
 }
 
 fn list_dir(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
-    let (files, rel, e2b) = path_arg(entry, msg, "path", role, false)?;
+    let (files, rel, e2b) = path_arg(entry, msg, "path", role, false, Follow::All)?;
     let depth = int_field(msg, "depth", "depth")?.unwrap_or(0).max(1);
     let meta = files.metadata(&rel).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => {
@@ -430,7 +497,7 @@ fn list_dir(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
         ));
     }
     let mut entries = Vec::new();
-    walk(&files, &rel, &e2b, depth, &mut entries)?;
+    walk(entry, &files, &rel, &e2b, depth, &mut entries)?;
     if entries.is_empty() {
         return Ok(json!({}));
     }
@@ -438,6 +505,7 @@ fn list_dir(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
 }
 
 fn walk(
+    entry: &SandboxEntry,
     files: &Beneath,
     rel: &str,
     e2b_dir: &str,
@@ -463,19 +531,19 @@ fn walk(
         };
         let e2b = format!("{}/{name}", e2b_dir.trim_end_matches('/'));
         // Gone between the listing and the stat: skip it, as a listing races any writer.
-        let Ok(info) = entry_info(files, &child_rel, &e2b) else {
+        let Ok(info) = entry_info(entry, files, &child_rel, &e2b) else {
             continue;
         };
         out.push(info);
         if meta.is_dir() && depth > 1 {
-            walk(files, &child_rel, &e2b, depth - 1, out)?;
+            walk(entry, files, &child_rel, &e2b, depth - 1, out)?;
         }
     }
     Ok(())
 }
 
 fn remove(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
-    let (files, rel, e2b) = path_arg(entry, msg, "path", role, true)?;
+    let (files, rel, e2b) = path_arg(entry, msg, "path", role, true, Follow::Parents)?;
     if rel.is_empty() {
         return Err(RpcError::new(
             Code::InvalidArgument,
@@ -489,8 +557,8 @@ fn remove(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
 }
 
 fn move_entry(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
-    let (src, src_rel, src_e2b) = path_arg(entry, msg, "source", role, true)?;
-    let (dst, dst_rel, dst_e2b) = path_arg(entry, msg, "destination", role, true)?;
+    let (src, src_rel, src_e2b) = path_arg(entry, msg, "source", role, true, Follow::Parents)?;
+    let (dst, dst_rel, dst_e2b) = path_arg(entry, msg, "destination", role, true, Follow::Parents)?;
     if src_rel.is_empty() || dst_rel.is_empty() {
         return Err(RpcError::new(
             Code::InvalidArgument,
@@ -505,21 +573,39 @@ fn move_entry(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value>
     }
     src.rename(&src_rel, &dst, &dst_rel)
         .map_err(|e| io_error("cannot move", &src_e2b, &e))?;
-    Ok(json!({"entry": entry_info(&dst, &dst_rel, &dst_e2b)?}))
+    Ok(json!({"entry": entry_info(entry, &dst, &dst_rel, &dst_e2b)?}))
 }
 
 /// envd's `EntryInfo` for one path. A symlink reports its target's type and size (when the
 /// target stays in the sandbox), and its target as an absolute E2B path.
-fn entry_info(files: &Beneath, rel: &str, e2b: &str) -> RpcResult<Value> {
+fn entry_info(entry: &SandboxEntry, files: &Beneath, rel: &str, e2b: &str) -> RpcResult<Value> {
     let link = files
         .symlink_metadata(rel)
         .map_err(|e| io_error("cannot stat", e2b, &e))?;
     let is_link = link.file_type().is_symlink();
-    let target_meta = if is_link {
-        files.metadata(rel).ok()
+    // The target as an E2B path: a relative one is taken from the link's folder.
+    let target = if is_link {
+        files.read_link(rel).ok().map(|t| {
+            let t = t.to_string_lossy();
+            if t.starts_with('/') {
+                paths::lexical(&t)
+            } else {
+                let parent = e2b.rsplit_once('/').map_or("/", |(p, _)| p);
+                paths::lexical(&format!("{parent}/{t}"))
+            }
+        })
     } else {
         None
     };
+    // What the link leads to, looked up in the sandbox as the sandbox would resolve it (the
+    // lookups never leave the sandbox's directories).
+    let target_meta = target.as_deref().and_then(|t| {
+        let (b, r) = entry
+            .sandbox
+            .files(&resolve(entry, t, Follow::All).ok()?)
+            .ok()?;
+        b.metadata(&r).ok()
+    });
     let meta: &FsMetadata = target_meta.as_ref().unwrap_or(&link);
     let file_type = if is_link && target_meta.is_none() {
         "FILE_TYPE_SYMLINK"
@@ -537,7 +623,8 @@ fn entry_info(files: &Beneath, rel: &str, e2b: &str) -> RpcResult<Value> {
     info.insert("name".into(), json!(name));
     info.insert("type".into(), json!(file_type));
     info.insert("path".into(), json!(e2b));
-    if meta.len() > 0 {
+    // envd reports no size for a directory.
+    if meta.len() > 0 && !meta.is_dir() {
         info.insert("size".into(), json!(meta.len().to_string()));
     }
     if perm != 0 {
@@ -556,16 +643,8 @@ fn entry_info(files: &Beneath, rel: &str, e2b: &str) -> RpcResult<Value> {
         );
     }
     if is_link {
-        if let Ok(target) = files.read_link(rel) {
-            let target = target.to_string_lossy();
-            // Sandbox paths are E2B paths: a relative target is taken from the link's folder.
-            let shown = if target.starts_with('/') {
-                paths::lexical(&target)
-            } else {
-                let parent = e2b.rsplit_once('/').map_or("/", |(p, _)| p);
-                paths::lexical(&format!("{parent}/{target}"))
-            };
-            info.insert("symlinkTarget".into(), json!(shown));
+        if let Some(target) = target {
+            info.insert("symlinkTarget".into(), json!(target));
         }
         info.insert("isSymlink".into(), json!(true));
     }

@@ -517,7 +517,9 @@ fn start(
             // The sandbox's own directories are checked where they are; of the read-only
             // system directories only `/` is a sensible place to start in.
             if path != "/" {
-                let (files, rel) = entry.sandbox.files(&path).map_err(|_| missing())?;
+                let real = super::files::resolve(entry, &path, super::files::Follow::All)
+                    .map_err(|_| missing())?;
+                let (files, rel) = entry.sandbox.files(&real).map_err(|_| missing())?;
                 if !files.metadata(&rel).is_ok_and(|m| m.is_dir()) {
                     return Err(missing());
                 }
