@@ -15,7 +15,7 @@ use super::http::{Body, Request, Response, MAX_BODY_BYTES};
 use super::paths;
 use super::server::SandboxEntry;
 use crate::sandbox::local::confined::Beneath;
-use crate::sandbox::{ErrorClass, Role, Sandbox, SandboxError};
+use crate::sandbox::{ErrorClass, Role, SandboxError};
 
 /// Entries one ListDir returns at most.
 const MAX_LIST_ENTRIES: usize = 100_000;
