@@ -384,3 +384,147 @@ impl Drop for Pool {
         let _ = self.close();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::local::{IsolationChoice, LocalBackend, LocalOptions};
+    use crate::sandbox::{Metadata, RunOpts};
+
+    fn new_pool(
+        isolation: IsolationChoice,
+        reuse: bool,
+    ) -> (tempfile::TempDir, Arc<LocalBackend>, Pool) {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = LocalBackend::open_with(
+            dir.path(),
+            LocalOptions {
+                isolation,
+                ..LocalOptions::default()
+            },
+        )
+        .unwrap();
+        let episode = Duration::from_secs(60);
+        let pool = Pool::new(
+            backend.clone(),
+            PoolConfig {
+                spec: CreateSpec {
+                    internet: true,
+                    ..CreateSpec::default()
+                },
+                lease: lease_for(episode),
+                lifetime: lifetime_for(episode),
+                bootstrap: BootstrapOpts::default(),
+                workspace_dir: "workspace".into(),
+                reuse,
+            },
+        );
+        (dir, backend, pool)
+    }
+
+    fn sh(warm: &Warm, cmd: &str) -> String {
+        let out = warm.sandbox.run(cmd, &RunOpts::default()).unwrap();
+        assert_eq!(out.exit_code, Some(0), "{cmd}: {}", out.stderr.to_text());
+        out.stdout.to_text()
+    }
+
+    fn live(backend: &LocalBackend) -> Vec<String> {
+        backend
+            .list(&Metadata::new())
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect()
+    }
+
+    #[test]
+    fn a_healthy_release_is_reset_and_served_again() {
+        let (_d, backend, pool) = new_pool(IsolationChoice::Bwrap, true);
+        let first = pool.acquire().unwrap();
+        assert!(!first.reused);
+        let id = first.sandbox.id().to_string();
+        sh(
+            &first,
+            "setsid sleep 600 < /dev/null > /dev/null 2>&1 & echo x > ~/left.txt; echo y > /tmp/left",
+        );
+        pool.release(first, true).unwrap();
+        let again = pool.acquire().unwrap();
+        assert!(again.reused);
+        assert_eq!(again.sandbox.id(), id);
+        assert_eq!(
+            sh(&again, "ls -A ~ /tmp; pgrep -c -f 'sleep 60[0]' || true"),
+            "/home/user:\n\n/tmp:\n0\n"
+        );
+        // The runner survived the reset and still answers.
+        assert!(again
+            .sandbox
+            .processes()
+            .unwrap()
+            .iter()
+            .any(|p| p.pid == again.channel.pid()));
+        let usage = pool.usage();
+        assert_eq!((usage.count, usage.resets, usage.unclean), (1, 1, 0));
+        pool.release(again, true).unwrap();
+        pool.close().unwrap();
+        assert!(live(&backend).is_empty());
+    }
+
+    #[test]
+    fn unhealthy_and_unprovable_sandboxes_are_retired() {
+        // Unhealthy: never reset, killed.
+        let (_d, backend, pool) = new_pool(IsolationChoice::Bwrap, true);
+        let w = pool.acquire().unwrap();
+        let id = w.sandbox.id().to_string();
+        pool.release(w, false).unwrap();
+        assert!(!live(&backend).contains(&id));
+        assert_eq!(pool.live_count(), 0);
+        assert_ne!(pool.acquire().unwrap().sandbox.id(), id);
+
+        // Unconfined: a reset cannot prove anything, so the sandbox is retired.
+        let (_d2, backend, pool) = new_pool(IsolationChoice::None, true);
+        let w = pool.acquire().unwrap();
+        let id = w.sandbox.id().to_string();
+        pool.release(w, true).unwrap();
+        assert!(!live(&backend).contains(&id));
+        let usage = pool.usage();
+        assert_eq!((usage.resets, usage.unclean), (0, 1));
+        assert!(usage.unclean_reason.unwrap().contains("--isolation none"));
+
+        // --no-reuse: every release retires.
+        let (_d3, backend, pool) = new_pool(IsolationChoice::Bwrap, false);
+        let w = pool.acquire().unwrap();
+        let id = w.sandbox.id().to_string();
+        pool.release(w, true).unwrap();
+        assert!(!live(&backend).contains(&id));
+        assert_eq!(pool.usage().resets, 0);
+    }
+
+    #[test]
+    fn a_sandbox_that_died_while_idle_is_replaced() {
+        let (_d, backend, pool) = new_pool(IsolationChoice::Bwrap, true);
+        let w = pool.acquire().unwrap();
+        let id = w.sandbox.id().to_string();
+        pool.release(w, true).unwrap();
+        backend.kill(&id).unwrap();
+        let w = pool.acquire().unwrap();
+        assert!(!w.reused);
+        assert_ne!(w.sandbox.id(), id);
+    }
+
+    #[test]
+    fn close_retires_idle_and_busy_sandboxes_and_refuses_more() {
+        let (_d, backend, pool) = new_pool(IsolationChoice::Bwrap, true);
+        let a = pool.acquire().unwrap();
+        let b = pool.acquire().unwrap();
+        pool.release(a, true).unwrap();
+        assert_eq!(live(&backend).len(), 2);
+        pool.close().unwrap();
+        assert!(live(&backend).is_empty());
+        assert_eq!(pool.live_count(), 0);
+        assert!(matches!(pool.acquire(), Err(PoolError::Closed)));
+        // A sandbox released after close is retired, not kept.
+        pool.release(b, true).unwrap();
+        assert!(live(&backend).is_empty());
+        assert_eq!(pool.usage().count, 2);
+    }
+}
