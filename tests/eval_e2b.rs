@@ -54,6 +54,20 @@ impl Emulator {
         resp.body_mut().read_json::<Vec<Value>>().unwrap()
     }
 
+    /// How many sandboxes run once no create is in flight (the count holds still).
+    fn settled_live_count(&self) -> usize {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut last = self.live().len();
+        let mut still = 0;
+        while still < 10 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let now = self.live().len();
+            still = if now == last { still + 1 } else { 0 };
+            last = now;
+        }
+        last
+    }
+
     fn stats(&self) -> Value {
         let mut resp = ureq::get(&format!("{}/_emulator/stats", self.url))
             .header("X-API-Key", KEY)
@@ -253,7 +267,8 @@ fn reap_cleans_up_after_a_sigkilled_e2b_eval_and_spares_a_live_one() {
     child.kill().unwrap(); // SIGKILL: nothing is cleaned up.
     child.wait().unwrap();
     let before = results(&out);
-    let leaked = emu.live().len();
+    // A create the run sent just before it died still completes in the emulator.
+    let leaked = emu.settled_live_count();
     assert!(leaked > 0, "the crash leaked nothing");
 
     // A second, live run on the same state dir is never touched by the reap.
