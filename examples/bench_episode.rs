@@ -6,9 +6,12 @@
 //! - `hello --reps 30`: per rep, interleaved: a bare `node -e ''` (spawn to exit, the
 //!   baseline), then `runner::bootstrap` on a fresh local sandbox (upload, spawn, `hello`),
 //!   then a cold `Pool::acquire` (create + bootstrap + lease).
-//! - `cycle --reps 10 --warm 10`: what `eval` does per task (acquire, task files + setup,
-//!   episode with the sandbox environment, verify, release), timed; the first cycle of each
-//!   fresh pool is cold, the rest reuse its sandbox.
+//! - `hello-isolation --reps 30`: per rep, interleaved: `runner::bootstrap` on a fresh local
+//!   sandbox under bwrap, then on one with `--isolation none` (the cost of confinement).
+//! - `cycle --reps 10 --warm 10 [--isolation bwrap|none]`: what `eval` does per task
+//!   (acquire, task files + setup, episode with the sandbox environment, verify, release,
+//!   which resets the sandbox), timed; the first cycle of each fresh pool is cold, the rest
+//!   reuse its sandbox.
 //! - `soak --episodes 500 --harness builtin|files [--files-json F] [--transcript file|none]`:
 //!   sequential warm episodes on one sandbox with an instant environment (as the
 //!   reference's `bench_episode.py seq`): host CPU per episode (getrusage of this process),
@@ -28,7 +31,7 @@ use wmo_e2b::environment::{self, EnvError, Environment, SandboxEnvironment, Tool
 use wmo_e2b::episode::{self, Episode, EpisodeConfig, StopReason, Transcript};
 use wmo_e2b::provider::scripted::ScriptedProvider;
 use wmo_e2b::runner::{self, BootstrapOpts};
-use wmo_e2b::sandbox::local::LocalBackend;
+use wmo_e2b::sandbox::local::{IsolationChoice, LocalBackend, LocalOptions};
 use wmo_e2b::sandbox::pool::{self, Pool, PoolConfig, Warm};
 use wmo_e2b::sandbox::{Backend, CreateSpec, RunOpts, Sandbox};
 use wmo_e2b::task::Task;
@@ -99,6 +102,22 @@ fn backend(dir: &Path) -> Arc<LocalBackend> {
     LocalBackend::open(dir).expect("open the local backend")
 }
 
+fn backend_with(dir: &Path, isolation: &str) -> Arc<LocalBackend> {
+    let isolation = match isolation {
+        "bwrap" => IsolationChoice::Bwrap,
+        "none" => IsolationChoice::None,
+        other => panic!("--isolation {other}: bwrap|none"),
+    };
+    LocalBackend::open_with(
+        dir,
+        LocalOptions {
+            isolation,
+            ..LocalOptions::default()
+        },
+    )
+    .expect("open the local backend")
+}
+
 fn spec() -> CreateSpec {
     let mut metadata = wmo_e2b::sandbox::Metadata::new();
     metadata.insert("wmo-e2b.kind".into(), "bench".into());
@@ -132,10 +151,14 @@ fn main() {
     let state = tempfile::tempdir().expect("tempdir");
     let out = match mode.as_str() {
         "hello" => hello(state.path(), arg(&args, "--reps", "30").parse().unwrap()),
+        "hello-isolation" => {
+            hello_isolation(state.path(), arg(&args, "--reps", "30").parse().unwrap())
+        }
         "cycle" => cycle(
             state.path(),
             arg(&args, "--reps", "10").parse().unwrap(),
             arg(&args, "--warm", "10").parse().unwrap(),
+            &arg(&args, "--isolation", "bwrap"),
         ),
         "soak" => soak(
             state.path(),
@@ -230,6 +253,44 @@ fn hello(state: &Path, reps: usize) -> Value {
     })
 }
 
+/// Spawn-to-hello under bwrap against unconfined, interleaved.
+fn hello_isolation(state: &Path, reps: usize) -> Value {
+    let confined = backend_with(&state.join("bwrap"), "bwrap");
+    let plain = backend_with(&state.join("none"), "none");
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let boot = |backend: &Arc<LocalBackend>| {
+        let sandbox: Arc<dyn Sandbox> = backend.create_local(&spec()).expect("create");
+        let t0 = Instant::now();
+        let started = runner::bootstrap(&sandbox, &BootstrapOpts::default()).expect("bootstrap");
+        let t = t0.elapsed().as_secs_f64();
+        drop(started);
+        let _ = backend.kill(sandbox.id());
+        t
+    };
+    // One untimed round first: page cache, node's code cache.
+    for rep in 0..=reps {
+        let (b, n) = if rep % 2 == 0 {
+            let b = boot(&confined);
+            (b, boot(&plain))
+        } else {
+            let n = boot(&plain);
+            (boot(&confined), n)
+        };
+        if rep > 0 {
+            with.push(b);
+            without.push(n);
+        }
+    }
+    json!({
+        "impl": "wmo-e2b", "mode": "hello-isolation", "reps": reps,
+        "bwrap_ms": with.iter().map(|v| ms(*v)).collect::<Vec<_>>(),
+        "none_ms": without.iter().map(|v| ms(*v)).collect::<Vec<_>>(),
+        "median_bwrap_ms": ms(median(&with)),
+        "median_none_ms": ms(median(&without)),
+        "bwrap_over_none": median(&with) / median(&without),
+    })
+}
+
 // ---------------------------------------------------------------------------------------
 // cycle: cold vs warm, the way eval runs a task
 
@@ -285,19 +346,13 @@ fn one_task(pool: &Pool, task: &Task, transcripts: &Path, n: usize) -> Phases {
     let t_acq = t0.elapsed().as_secs_f64();
     let sandbox = warm.sandbox.clone();
     let ws = pool.workspace_of(sandbox.as_ref());
+    // As eval prepares a task with files and no setup: the files make the workspace.
     let t1 = Instant::now();
     for (rel, content) in &task.files {
         sandbox
             .write_file(&format!("{ws}/{rel}"), content.as_bytes())
             .expect("task file");
     }
-    let out = sandbox
-        .run(
-            &format!("mkdir -p {ws} && cd {ws} && true"),
-            &RunOpts::default(),
-        )
-        .expect("setup");
-    assert_eq!(out.exit_code, Some(0));
     let t_setup = t1.elapsed().as_secs_f64();
 
     let tools = environment::default_tools();
@@ -348,14 +403,15 @@ fn one_task(pool: &Pool, task: &Task, transcripts: &Path, n: usize) -> Phases {
     }
 }
 
-fn cycle(state: &Path, reps: usize, warm_per_pool: usize) -> Value {
-    let backend = backend(state);
+fn cycle(state: &Path, reps: usize, warm_per_pool: usize, isolation: &str) -> Value {
+    let backend = backend_with(state, isolation);
     let task = bench_task();
     let transcripts: PathBuf = state.join("transcripts");
     std::fs::create_dir_all(&transcripts).unwrap();
     let mut cold: Vec<Phases> = Vec::new();
     let mut warm: Vec<Phases> = Vec::new();
     let mut n = 0;
+    let (mut resets, mut reset_s, mut unclean) = (0, 0.0, 0);
     // One untimed pool first (page cache, node's code cache).
     for rep in 0..=reps {
         let pool = new_pool(backend.clone());
@@ -370,6 +426,12 @@ fn cycle(state: &Path, reps: usize, warm_per_pool: usize) -> Value {
             } else {
                 cold.push(p);
             }
+        }
+        if rep > 0 {
+            let usage = pool.usage();
+            resets += usage.resets;
+            unclean += usage.unclean;
+            reset_s += usage.reset_seconds;
         }
         pool.close().expect("close");
     }
@@ -389,9 +451,11 @@ fn cycle(state: &Path, reps: usize, warm_per_pool: usize) -> Value {
     let c = median(&cold.iter().map(|p| p.total).collect::<Vec<_>>());
     let w = median(&warm.iter().map(|p| p.total).collect::<Vec<_>>());
     json!({
-        "impl": "wmo-e2b", "mode": "cycle",
+        "impl": "wmo-e2b", "mode": "cycle", "isolation": isolation,
         "cold": phases(&cold), "warm": phases(&warm),
         "warm_over_cold": w / c,
+        "resets": resets, "unclean": unclean,
+        "mean_reset_ms": ms(reset_s / (resets + unclean).max(1) as f64),
     })
 }
 

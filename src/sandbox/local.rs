@@ -256,6 +256,7 @@ impl LocalBackend {
                 let _ = self.shared.destroy(&id);
                 return Err(e);
             }
+            state.prepare_spare(bwrap);
         }
         Ok(Arc::new(LocalSandbox { state }))
     }

@@ -137,8 +137,9 @@ pub(super) struct Bwrap {
     pub sh: PathBuf,
     pub setsid: PathBuf,
     pub bwrap: PathBuf,
-    /// `setpriv` (root only).
+    /// `setpriv` and `nsenter` (root only).
     pub setpriv: PathBuf,
+    nsenter: PathBuf,
     /// The system part of every bwrap command line (mounts, namespaces), before the
     /// per-sandbox binds.
     system_args: Vec<OsString>,
@@ -170,9 +171,12 @@ fn probe_now() -> Result<Bwrap, String> {
     } else {
         Privilege::UserNamespace
     };
-    let setpriv = match privilege {
-        Privilege::Root => find("setpriv").map_err(|e| format!("{e} (util-linux)"))?,
-        Privilege::UserNamespace => PathBuf::new(),
+    let (setpriv, nsenter) = match privilege {
+        Privilege::Root => (
+            find("setpriv").map_err(|e| format!("{e} (util-linux)"))?,
+            find("nsenter").map_err(|e| format!("{e} (util-linux)"))?,
+        ),
+        Privilege::UserNamespace => (PathBuf::new(), PathBuf::new()),
     };
     let mut b = Bwrap {
         privilege,
@@ -180,6 +184,7 @@ fn probe_now() -> Result<Bwrap, String> {
         setsid: find("setsid").map_err(|e| format!("{e} (util-linux)"))?,
         bwrap,
         setpriv,
+        nsenter,
         system_args: Vec::new(),
         path_env: SANDBOX_PATH.to_string(),
     };
@@ -353,21 +358,52 @@ impl Bwrap {
     /// sandbox user first.
     pub fn user_prefix(&self) -> Vec<OsString> {
         match self.privilege {
-            Privilege::Root => {
-                let id = SANDBOX_UID.to_string();
-                vec![
-                    self.setpriv.clone().into_os_string(),
-                    "--reuid".into(),
-                    id.clone().into(),
-                    "--regid".into(),
-                    id.into(),
-                    "--clear-groups".into(),
-                    "--inh-caps=-all".into(),
-                    "--".into(),
-                ]
-            }
+            Privilege::Root => self.setpriv_args(&[]),
             Privilege::UserNamespace => Vec::new(),
         }
+    }
+
+    fn setpriv_args(&self, extra: &[&str]) -> Vec<OsString> {
+        let id = SANDBOX_UID.to_string();
+        let mut a: Vec<OsString> = vec![
+            self.setpriv.clone().into_os_string(),
+            "--reuid".into(),
+            id.clone().into(),
+            "--regid".into(),
+            id.into(),
+            "--clear-groups".into(),
+            "--inh-caps=-all".into(),
+        ];
+        a.extend(extra.iter().map(OsString::from));
+        a.push("--".into());
+        a
+    }
+
+    /// Whether a command can enter a holder's namespaces instead of building its own.
+    pub fn can_enter(&self) -> bool {
+        self.privilege == Privilege::Root
+    }
+
+    /// `setsid nsenter <the holder's namespaces, opened by the join shell> --wdns CWD --
+    /// setpriv ... --`: the command then runs in the holder's mount namespace as the sandbox
+    /// user. nsenter runs as root with every capability until `setpriv` execs, in namespaces
+    /// whose every writable mount is the sandbox's own; `setpriv` drops the uid (which clears
+    /// the capabilities), empties the bounding set and sets no_new_privs, as bwrap would.
+    pub fn enter_line(&self, cwd: &str) -> Args {
+        let mut a = Args::default();
+        a.path(&self.setsid);
+        a.path(&self.nsenter);
+        a.push([
+            "--pid=/proc/self/fd/3",
+            "--mount=/proc/self/fd/4",
+            "--ipc=/proc/self/fd/5",
+            "--uts=/proc/self/fd/6",
+            "--root=/proc/self/fd/7",
+        ]);
+        a.0.push(format!("--wdns={cwd}").into());
+        a.push(["--"]);
+        a.0.extend(self.setpriv_args(&["--bounding-set=-all", "--no-new-privs"]));
+        a
     }
 
     /// The options that make a fresh sandbox namespace holder: its own PID namespace (and

@@ -34,18 +34,32 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes of bwrap's `--info-fd` report we read at most.
 const MAX_INFO: usize = 4096;
 
-/// Opens the namespaces of the holder named by `$1` (PID 1, start time `$2`) as fds 3 (PID)
-/// and, when `$3` is 1, 4 (user), checks that the pid still names that holder (so a recycled
-/// pid can never put a command in someone else's namespace), and runs the rest. Field 22 of
-/// `/proc/PID/stat` is the start time; the command name before it may hold spaces, so the
-/// fields are counted after its closing `) `.
-const JOIN: &str = r#"p=$1 t=$2 u=$3; shift 3
+/// Opens the namespaces of the holder named by `$1` (PID 1, start time `$2`) as fds, checks
+/// that the pid still names that holder (so a recycled pid can never put a command in someone
+/// else's namespace), and runs the rest. Always fd 3, its PID namespace; with `$3` = `user`,
+/// fd 4, its user namespace; with `enter`, fds 4 to 7: its mount, IPC and UTS namespaces and
+/// its root directory. Field 22 of `/proc/PID/stat` is the start time; the command name
+/// before it may hold spaces, so the fields are counted after its closing `) `.
+const JOIN: &str = r#"p=$1 t=$2 m=$3; shift 3
 exec 3</proc/"$p"/ns/pid || exit 125
-if [ "$u" = 1 ]; then exec 4</proc/"$p"/ns/user || exit 125; fi
+case $m in
+user) exec 4</proc/"$p"/ns/user || exit 125 ;;
+enter) exec 4</proc/"$p"/ns/mnt 5</proc/"$p"/ns/ipc 6</proc/"$p"/ns/uts 7</proc/"$p"/root || exit 125 ;;
+esac
 read -r s </proc/"$p"/stat || exit 125
 f() { shift 19; [ "$1" = "$t" ]; }
 f ${s##*) } || { echo "wmo-e2b: the sandbox's namespace is gone" >&2; exit 125; }
 exec "$@""#;
+
+/// How a command joins a holder's namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Join {
+    /// A fresh bwrap in the holder's PID namespace (and user namespace when not root).
+    Bwrap,
+    /// Into the holder's own mount, PID, IPC and UTS namespaces with `nsenter` (root only):
+    /// no mounts to set up, so a task's command starts at a fraction of the cost.
+    Enter,
+}
 
 /// Runs the holder (`$2...`) and watches the sandbox's `meta.json` (`$1`); when it is gone,
 /// kills the whole session: watcher, bwrap and the namespace's PID 1.
@@ -59,6 +73,8 @@ kill -KILL 0"#;
 pub(super) enum Space {
     Sandbox,
     Task,
+    /// The next task namespace, made ahead of time so a reset need not wait for one.
+    Spare,
 }
 
 impl Space {
@@ -69,10 +85,19 @@ impl Space {
         }
     }
 
+    /// Whose mounts the holder's mount namespace has (commands may enter it).
+    fn role(self) -> Role {
+        match self {
+            Space::Sandbox => Role::System,
+            Space::Task | Space::Spare => Role::Task,
+        }
+    }
+
     fn file(self) -> &'static str {
         match self {
             Space::Sandbox => "sandbox.json",
             Space::Task => "task.json",
+            Space::Spare => "spare.json",
         }
     }
 }
@@ -94,13 +119,11 @@ impl Holder {
     }
 
     /// SIGKILLs the holder's group and its PID 1, which takes the whole namespace down; true
-    /// once both are proven gone.
+    /// once PID 1 is proven gone (which it is only after every process in the namespace).
+    /// The holder's own launchers outside the namespace die of the same signal.
     pub fn kill(&self, within: Duration) -> io::Result<bool> {
         self.signal()?;
-        let deadline = Instant::now() + within;
-        let init_gone = sys::wait_gone(self.init, self.start_time, within);
-        let left = deadline.saturating_duration_since(Instant::now());
-        Ok(init_gone && sys::wait_groups_gone(&[self.group], left).is_empty())
+        Ok(sys::wait_gone(self.init, self.start_time, within))
     }
 
     /// Sends SIGKILL without waiting.
@@ -111,19 +134,19 @@ impl Holder {
     }
 
     /// The leading arguments of a command that runs inside this namespace: the join shell.
-    pub fn join_prefix(&self, bwrap: &Bwrap) -> Args {
+    pub fn join_prefix(&self, bwrap: &Bwrap, join: Join) -> Args {
         let mut a = Args::default();
         a.path(&bwrap.sh);
         a.push(["-c", JOIN, "sh"]);
-        let userns = if bwrap.join_options().contains(&"--userns") {
-            "1"
-        } else {
-            "0"
+        let mode = match join {
+            Join::Enter => "enter",
+            Join::Bwrap if bwrap.join_options().contains(&"--userns") => "user",
+            Join::Bwrap => "pid",
         };
         a.push([
             self.init.to_string().as_str(),
             self.start_time.to_string().as_str(),
-            userns,
+            mode,
         ]);
         a
     }
@@ -134,14 +157,19 @@ pub(super) fn read(sandbox_dir: &Path, space: Space) -> io::Result<Holder> {
     serde_json::from_slice(&bytes).map_err(io::Error::from)
 }
 
-fn write(sandbox_dir: &Path, space: Space, holder: &Holder) -> io::Result<()> {
+pub(super) fn write(sandbox_dir: &Path, space: Space, holder: &Holder) -> io::Result<()> {
     let bytes = serde_json::to_vec(holder).map_err(io::Error::from)?;
     meta::write_atomic(&sandbox_dir.join(NS_DIR), space.file(), &bytes)
 }
 
-/// Every holder recorded in a sandbox directory (for teardown).
+pub(super) fn forget(sandbox_dir: &Path, space: Space) {
+    // A leftover record only costs a start-time check at the next kill.
+    let _ = std::fs::remove_file(sandbox_dir.join(NS_DIR).join(space.file()));
+}
+
+/// Every holder recorded in a sandbox directory (for teardown), nested ones first.
 pub(super) fn recorded(sandbox_dir: &Path) -> Vec<Holder> {
-    [Space::Task, Space::Sandbox]
+    [Space::Task, Space::Spare, Space::Sandbox]
         .into_iter()
         .filter_map(|s| read(sandbox_dir, s).ok())
         .collect()
@@ -165,8 +193,10 @@ pub(super) fn start(
     };
     // bwrap reports the namespace (and PID 1's host pid) as JSON on fd 1.
     opts.extend(["--info-fd", "1"]);
-    let line = bwrap.command_line(binds, Role::Task, true, &opts, &[]);
-    let mut args = parent.map(|p| p.join_prefix(bwrap).0).unwrap_or_default();
+    let line = bwrap.command_line(binds, space.role(), true, &opts, &[]);
+    let mut args = parent
+        .map(|p| p.join_prefix(bwrap, Join::Bwrap).0)
+        .unwrap_or_default();
     let mut tail = line.0.into_iter();
     // `setsid --fork`: the holder is nobody's child here and outlives this process.
     args.extend(tail.next());
@@ -174,7 +204,16 @@ pub(super) fn start(
     args.extend(["-c".into(), WATCH.into(), "sh".into()]);
     args.push(sandbox_dir.join(super::meta::META_FILE).into_os_string());
     args.extend(tail);
-    args.extend(["--".into(), "sleep".into(), "infinity".into()]);
+    // The holder says `ready` once it runs, which is after bwrap has finished the namespace's
+    // mounts: bwrap reports its pid before that, and a command that entered the namespace
+    // earlier would find it half built.
+    args.extend([
+        "--".into(),
+        "sh".into(),
+        "-c".into(),
+        // Its stdout is bwrap's report channel, which bwrap closes in the sandbox.
+        "echo ready >&2; exec sleep infinity".into(),
+    ]);
     let mut cmd = Command::new(&args[0]);
     cmd.args(&args[1..])
         .env_clear()
@@ -189,23 +228,16 @@ pub(super) fn start(
         .name("lsb-holder".into())
         .spawn(move || {
             let mut info = Vec::new();
-            let mut err = String::new();
-            if let Some(mut out) = stdout {
-                let mut buf = [0u8; 512];
-                // The report is one JSON object; the holder keeps fd 1 open, so stop at its end.
-                while info.len() < MAX_INFO && !info.contains(&b'}') {
-                    match out.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => info.extend_from_slice(&buf[..n]),
-                    }
-                }
+            let mut err = Vec::new();
+            // bwrap's report (one JSON object) on stdout; the holder keeps fd 1 open, so stop
+            // at its end. Then the holder's `ready` on stderr, or bwrap's complaint and EOF.
+            if let Some(out) = stdout {
+                read_until(out, &mut info, |b| b.contains(&b'}'));
             }
-            if !info.contains(&b'}') {
-                if let Some(e) = stderr {
-                    let _ = e.take(8 * 1024).read_to_string(&mut err);
-                }
+            if let Some(e) = stderr {
+                read_until(e, &mut err, |b| b.windows(6).any(|w| w == b"ready\n"));
             }
-            let _ = tx.send((info, err));
+            let _ = tx.send((info, String::from_utf8_lossy(&err).into_owned()));
         })?;
     let (info, err) = match rx.recv_timeout(START_TIMEOUT) {
         Ok(r) => r,
@@ -220,7 +252,8 @@ pub(super) fn start(
     };
     // `setsid --fork` returns at once; its child carries on as the holder.
     let _ = child.wait();
-    let init = parse_child_pid(&info).ok_or_else(|| {
+    let ready = err.contains("ready\n");
+    let init = parse_child_pid(&info).filter(|_| ready).ok_or_else(|| {
         io::Error::other(format!(
             "bwrap did not start a namespace holder: {}",
             err.trim()
@@ -240,6 +273,17 @@ pub(super) fn start(
         return Err(e);
     }
     Ok(holder)
+}
+
+/// Reads `src` into `buf` until `done(buf)`, end of file, or [`MAX_INFO`] bytes.
+fn read_until(mut src: impl Read, buf: &mut Vec<u8>, done: impl Fn(&[u8]) -> bool) {
+    let mut chunk = [0u8; 512];
+    while buf.len() < MAX_INFO && !done(buf) {
+        match src.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 /// `"child-pid": N` from bwrap's info report.

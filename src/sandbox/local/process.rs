@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 
 use super::meta::{self, ProcRecord};
-use super::ns::Space;
+use super::ns::{Join, Space};
 use super::sandbox::{Mode, SandboxState};
 use super::{lock, sys};
 use crate::sandbox::{
@@ -266,17 +266,27 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
     let mut c = match state.mode {
         Mode::Bwrap(bwrap) => {
             let holder = state.holder(Space::for_role(l.role))?;
-            let mut args = holder.join_prefix(bwrap).0;
-            let line = bwrap.command_line(
-                &state.binds(),
-                l.role,
-                state.internet(),
-                &bwrap.join_options(),
-                &["--chdir", l.cwd],
-            );
-            args.extend(line.0);
-            args.push("--".into());
-            args.extend(bwrap.user_prefix());
+            // With the network open a command needs nothing its holder's own namespaces
+            // lack (each holder has its role's mounts): it enters them. With it locked, it
+            // gets a bwrap of its own, for a network namespace of its own.
+            let enter = bwrap.can_enter() && state.internet();
+            let mut args;
+            if enter {
+                args = holder.join_prefix(bwrap, Join::Enter).0;
+                args.extend(bwrap.enter_line(l.cwd).0);
+            } else {
+                args = holder.join_prefix(bwrap, Join::Bwrap).0;
+                let line = bwrap.command_line(
+                    &state.binds(),
+                    l.role,
+                    state.internet(),
+                    &bwrap.join_options(),
+                    &["--chdir", l.cwd],
+                );
+                args.extend(line.0);
+                args.push("--".into());
+                args.extend(bwrap.user_prefix());
+            }
             args.extend(["bash".into(), "-c".into(), l.cmd.into()]);
             let mut c = Command::new(&args[0]);
             c.args(&args[1..]);

@@ -14,6 +14,7 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::meta::{self, PROCS_DIR, ROOT_DIR, SEALED_DIR, TMP_DIR};
 use super::ns::{self, Space};
@@ -83,7 +84,7 @@ pub(super) fn seal(state: &SandboxState) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn reset(state: &SandboxState) -> Result<()> {
+pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
     let unclean = |reason: String| SandboxError::Unclean {
         id: state.id.clone(),
         reason,
@@ -124,7 +125,7 @@ pub(super) fn reset(state: &SandboxState) -> Result<()> {
         }
     }
     drop(guard);
-    state.start_holder(bwrap, Space::Task)?;
+    state.replace_task_namespace(bwrap)?;
     Ok(())
 }
 

@@ -58,8 +58,10 @@ pub(super) struct SandboxState {
     meta_lock: Mutex<()>,
     /// So a second concurrent kill returns only once the first has finished.
     destroy_lock: Mutex<()>,
-    /// The namespace holders last seen alive (bwrap only).
-    holders: Mutex<[Option<Holder>; 2]>,
+    /// The namespace holders last seen alive (bwrap only), by `Space`.
+    holders: Mutex<[Option<Holder>; 3]>,
+    /// The spare task namespace being made in the background, if any.
+    spare: Mutex<Option<std::thread::JoinHandle<Result<Holder>>>>,
     /// What `reset` returns to, once sealed.
     pub sealed: Mutex<Option<Sealed>>,
     pub procs: ProcTable,
@@ -133,7 +135,8 @@ impl SandboxState {
             gone: AtomicBool::new(false),
             meta_lock: Mutex::new(()),
             destroy_lock: Mutex::new(()),
-            holders: Mutex::new([None, None]),
+            holders: Mutex::new([None, None, None]),
+            spare: Mutex::new(None),
             sealed: Mutex::new(None),
             procs: Mutex::default(),
         })
@@ -180,12 +183,46 @@ impl SandboxState {
     pub fn start_holder(&self, bwrap: &Bwrap, space: Space) -> Result<Holder> {
         let parent = match space {
             Space::Sandbox => None,
-            Space::Task => Some(self.holder(Space::Sandbox)?),
+            Space::Task | Space::Spare => Some(self.holder(Space::Sandbox)?),
         };
         let h = ns::start(bwrap, &self.binds(), &self.dir, space, parent.as_ref())
             .map_err(|e| self.io_error("starting the sandbox's namespace", e))?;
         lock(&self.holders)[space as usize] = Some(h);
         Ok(h)
+    }
+
+    /// Starts making the next task namespace in the background.
+    pub fn prepare_spare(self: &Arc<Self>, bwrap: &'static Bwrap) {
+        let state = Arc::clone(self);
+        let job = std::thread::Builder::new()
+            .name("lsb-spare".into())
+            .spawn(move || state.start_holder(bwrap, Space::Spare));
+        // No thread: the next reset makes its namespace itself.
+        *lock(&self.spare) = job.ok();
+    }
+
+    /// Makes a fresh task namespace the sandbox's: the spare when one is ready, else a new
+    /// one now.
+    pub fn replace_task_namespace(self: &Arc<Self>, bwrap: &'static Bwrap) -> Result<Holder> {
+        let job = lock(&self.spare).take();
+        let spare = job
+            .and_then(|j| j.join().ok())
+            .and_then(Result::ok)
+            .filter(Holder::is_alive);
+        let holder = match spare {
+            Some(h) => {
+                ns::write(&self.dir, Space::Task, &h)
+                    .map_err(|e| self.io_error("recording the task namespace", e))?;
+                ns::forget(&self.dir, Space::Spare);
+                let mut cache = lock(&self.holders);
+                cache[Space::Task as usize] = Some(h);
+                cache[Space::Spare as usize] = None;
+                h
+            }
+            None => self.start_holder(bwrap, Space::Task)?,
+        };
+        self.prepare_spare(bwrap);
+        Ok(holder)
     }
 
     /// The uid that host-made files are handed to (when the host is root under bwrap).

@@ -215,9 +215,29 @@ pub(super) fn is_alive(pid: u32, start_time: u64) -> bool {
     proc_stat(pid).is_some_and(|s| s.start_time == start_time && s.is_running())
 }
 
-/// Polls until the recorded process is no longer running, for at most `within`.
+/// Waits until the recorded process is no longer running, for at most `within`: told by a
+/// pidfd when the kernel has one (it becomes readable when the process has exited, and a
+/// namespace's PID 1 exits only after everything in it), polled otherwise.
 pub(super) fn wait_gone(pid: u32, start_time: u64, within: Duration) -> bool {
     let deadline = Instant::now() + within;
+    if let Some(fd) = pidfd_open(pid) {
+        // Opened after the check below fails only if the pid was reused meanwhile: then the
+        // process we meant is gone.
+        if !is_alive(pid, start_time) {
+            return true;
+        }
+        let ms = libc::c_int::try_from(within.as_millis()).unwrap_or(libc::c_int::MAX);
+        let mut pfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, exclusively borrowed for the call.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc > 0 {
+            return true;
+        }
+    }
     loop {
         if !is_alive(pid, start_time) {
             return true;
@@ -227,6 +247,18 @@ pub(super) fn wait_gone(pid: u32, start_time: u64, within: Duration) -> bool {
         }
         std::thread::sleep(GROUP_POLL);
     }
+}
+
+/// A pidfd for `pid`, when the kernel offers them (Linux 5.3) and the process exists.
+fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = std::os::fd::RawFd::try_from(rc)
+        .ok()
+        .filter(|&fd| fd >= 0)?;
+    // SAFETY: a fresh descriptor the kernel just returned.
+    Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
 }
 
 /// Sets O_NONBLOCK on our end of a pipe so writes can be given a deadline.
