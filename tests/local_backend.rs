@@ -726,3 +726,28 @@ fn concurrent_stdin_writers_do_not_block_each_other() {
     let r = blocked.join().unwrap();
     assert!(r.is_err_and(|e| e.is_transport()));
 }
+
+/// Variables the caller sets reach the command but none of the stages that start it with
+/// privileges (a loader variable there would run sandbox-written code as root).
+#[test]
+fn caller_variables_reach_only_the_command() {
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let out = sb
+        .run(
+            "echo \"$FROM_CALLER\"",
+            &RunOpts {
+                envs: vec![
+                    ("FROM_CALLER".into(), "yes".into()),
+                    ("LD_PRELOAD".into(), "/nonexistent/preload.so".into()),
+                ],
+                ..RunOpts::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(out.exit_code, Some(0), "{}", out.stderr.to_text());
+    assert_eq!(out.stdout.to_text(), "yes\n");
+    // The loader complains once per program it starts with the variable: only bash.
+    let stderr = out.stderr.to_text();
+    assert_eq!(stderr.matches("preload.so").count(), 1, "{stderr}");
+}

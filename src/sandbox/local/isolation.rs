@@ -255,6 +255,11 @@ fn system_args(path_env: &mut String) -> Vec<OsString> {
         "/proc/sysrq-trigger",
         "--dev",
         "/dev",
+        // Sandbox processes share wmo-e2b's session: its terminal, if it has one, must not be
+        // reachable (TIOCSTI would type into it).
+        "--ro-bind",
+        "/dev/null",
+        "/dev/tty",
         "--perms",
         "1777",
         "--tmpfs",
@@ -295,8 +300,8 @@ pub(super) struct Binds<'a> {
 }
 
 impl Bwrap {
-    /// `setsid bwrap <system mounts> <sandbox binds> [namespace]` up to (not including) the
-    /// `--` before the command. `join` is the namespace options (`--pidns 3`, ...).
+    /// `bwrap <system mounts> <sandbox binds> [namespace]` up to (not including) the `--`
+    /// before the command. `join` is the namespace options (`--pidns 3`, ...).
     pub fn command_line(
         &self,
         binds: &Binds<'_>,
@@ -306,9 +311,6 @@ impl Bwrap {
         extra: &[&str],
     ) -> Args {
         let mut a = Args::default();
-        // A session of its own: no controlling terminal to inject keystrokes into, and one
-        // process group (the session's) that a kill of this command reaches entirely.
-        a.path(&self.setsid);
         a.path(&self.bwrap);
         a.0.extend(join.iter().map(OsString::from));
         match self.privilege {
@@ -384,14 +386,14 @@ impl Bwrap {
         self.privilege == Privilege::Root
     }
 
-    /// `setsid nsenter <the holder's namespaces, opened by the join shell> --wdns CWD --
-    /// setpriv ... --`: the command then runs in the holder's mount namespace as the sandbox
-    /// user. nsenter runs as root with every capability until `setpriv` execs, in namespaces
-    /// whose every writable mount is the sandbox's own; `setpriv` drops the uid (which clears
-    /// the capabilities), empties the bounding set and sets no_new_privs, as bwrap would.
+    /// `nsenter <the holder's namespaces, opened by the join shell> --wdns CWD -- setpriv
+    /// ... --`: the command then runs in the holder's mount namespace as the sandbox user.
+    /// nsenter runs as root with every capability until `setpriv` execs, in namespaces whose
+    /// every writable mount is the sandbox's own and with an environment of ours alone (see
+    /// `process`); `setpriv` drops the uid (which clears the capabilities), empties the
+    /// bounding set and sets no_new_privs, as bwrap would.
     pub fn enter_line(&self, cwd: &str) -> Args {
         let mut a = Args::default();
-        a.path(&self.setsid);
         a.path(&self.nsenter);
         a.push([
             "--pid=/proc/self/fd/3",

@@ -197,13 +197,18 @@ pub(super) fn start(
     let mut args = parent
         .map(|p| p.join_prefix(bwrap, Join::Bwrap).0)
         .unwrap_or_default();
-    let mut tail = line.0.into_iter();
-    // `setsid --fork`: the holder is nobody's child here and outlives this process.
-    args.extend(tail.next());
-    args.extend(["--fork".into(), bwrap.sh.clone().into_os_string()]);
-    args.extend(["-c".into(), WATCH.into(), "sh".into()]);
+    // `setsid --fork`: the holder is a session of its own, nobody's child here, and outlives
+    // this process.
+    args.extend([
+        bwrap.setsid.clone().into_os_string(),
+        "--fork".into(),
+        bwrap.sh.clone().into_os_string(),
+        "-c".into(),
+        WATCH.into(),
+        "sh".into(),
+    ]);
     args.push(sandbox_dir.join(super::meta::META_FILE).into_os_string());
-    args.extend(tail);
+    args.extend(line.0);
     // The holder says `ready` once it runs, which is after bwrap has finished the namespace's
     // mounts: bwrap reports its pid before that, and a command that entered the namespace
     // earlier would find it half built.

@@ -1,8 +1,8 @@
 //! Starting sandbox processes and carrying their output: foreground runs with bounded
 //! capture, background processes with an event stream that a later `connect` can take over.
 //!
-//! Every process is `bash -c` in its own process group (under bwrap, its own session), recorded
-//! in `procs/<pid>` before the caller hears of it, so a kill from any wmo-e2b process finds it. One waiter thread per
+//! Every process is `bash -c` in its own process group, recorded in `procs/<pid>` before the
+//! caller hears of it, so a kill from any wmo-e2b process finds it. One waiter thread per
 //! process reaps it; until then its zombie keeps the pid (and so the group id) from being
 //! reused, which is what makes group signals from other threads safe.
 
@@ -32,8 +32,6 @@ const EVENT_BUFFER: usize = 64;
 /// How long output may keep trickling in after a process exits before we stop waiting for
 /// its pipes: a grandchild that escaped the group can hold them open forever.
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
-/// Bound on a new sandbox process becoming its own session leader.
-const LEADER_WAIT: Duration = Duration::from_secs(5);
 /// Bound on waiting for a SIGKILLed process to be reaped.
 pub(super) const KILL_WAIT: Duration = Duration::from_secs(5);
 /// Bound on one `send_stdin`: a process that does not read its stdin for this long is stuck.
@@ -287,6 +285,19 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
                 args.push("--".into());
                 args.extend(bwrap.user_prefix());
             }
+            // The caller's variables reach only the command, after the drop to the sandbox
+            // user: a variable such as LD_PRELOAD must never reach the stages that run as
+            // root (nsenter, setpriv, bwrap).
+            let user_envs: Vec<std::ffi::OsString> = state
+                .envs
+                .iter()
+                .chain(l.envs)
+                .map(|(k, v)| format!("{k}={v}").into())
+                .collect();
+            if !user_envs.is_empty() {
+                args.extend(["env".into(), "--".into()]);
+                args.extend(user_envs);
+            }
             args.extend(["bash".into(), "-c".into(), l.cmd.into()]);
             let mut c = Command::new(&args[0]);
             c.args(&args[1..]);
@@ -301,8 +312,6 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
                 .env("LOGNAME", "user")
                 .env("SHELL", "/bin/bash")
                 .env("TMPDIR", "/tmp");
-            // `setsid` makes the process a session (and group) leader itself; it must not
-            // already lead a group.
             c
         }
         Mode::None => {
@@ -335,7 +344,9 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
             if std::env::var_os("PATH").is_none() {
                 c.env("PATH", DEFAULT_PATH);
             }
-            c.current_dir(l.cwd).process_group(0);
+            c.current_dir(l.cwd)
+                .envs(state.envs.iter().map(|(k, v)| (k, v)))
+                .envs(l.envs.iter().map(|(k, v)| (k, v)));
             c
         }
     };
@@ -343,9 +354,9 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
         Role::Task => &state.home,
         Role::System => &state.system,
     };
+    // Its own process group, which a kill of this command reaches entirely.
     c.env("HOME", home)
-        .envs(state.envs.iter().map(|(k, v)| (k, v)))
-        .envs(l.envs.iter().map(|(k, v)| (k, v)))
+        .process_group(0)
         .stdin(if l.stdin {
             Stdio::piped()
         } else {
@@ -377,20 +388,6 @@ fn start(state: &Arc<SandboxState>, l: &Launch, outlet: Option<Outlet>) -> Resul
             io::ErrorKind::NotFound.into(),
         ));
     };
-    // Under bwrap the child makes itself a session leader (`setsid`) a moment after it
-    // starts; until then a kill of its group would miss it, so it is recorded only after.
-    if let Mode::Bwrap(_) = state.mode {
-        if !sys::wait_group_leader(pid, LEADER_WAIT) {
-            abandon(&mut child);
-            return Err(state.io_error(
-                "starting a process",
-                io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "it did not become its own session leader within 5 s",
-                ),
-            ));
-        }
-    }
     if let Some(stdin) = &child.stdin {
         if let Err(e) = sys::set_nonblocking(stdin.as_raw_fd()) {
             abandon(&mut child);

@@ -193,23 +193,6 @@ pub(super) fn kill_recorded(pid: u32, start_time: u64) -> io::Result<bool> {
     }
 }
 
-/// Polls until `pid` leads its own process group (it ran `setsid`), for at most `within`;
-/// false if it exited first or the time ran out.
-pub(super) fn wait_group_leader(pid: u32, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        match proc_stat(pid) {
-            Some(s) if s.pgrp == pid => return true,
-            Some(s) if s.is_running() => {}
-            _ => return false,
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
 /// Whether the process that started at `start_time` still runs as `pid`.
 pub(super) fn is_alive(pid: u32, start_time: u64) -> bool {
     proc_stat(pid).is_some_and(|s| s.start_time == start_time && s.is_running())
