@@ -654,7 +654,7 @@ fn locked_network_shows_only_loopback() {
         .spawn("cat /proc/net/dev", &SpawnOpts::default())
         .unwrap();
     let c = collect(&p.events, WAIT);
-    assert_eq!(c.exit, Some(Some(0)));
+    assert_eq!(c.exit, Some(Some(0)), "{}", text(&c.stderr));
     let ifaces: Vec<String> = text(&c.stdout)
         .lines()
         .skip(2)

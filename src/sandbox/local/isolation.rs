@@ -137,7 +137,6 @@ pub(super) struct Bwrap {
     pub sh: PathBuf,
     pub setsid: PathBuf,
     pub bwrap: PathBuf,
-    /// `setpriv` and `nsenter` (root only).
     pub setpriv: PathBuf,
     nsenter: PathBuf,
     /// The system part of every bwrap command line (mounts, namespaces), before the
@@ -171,13 +170,8 @@ fn probe_now() -> Result<Bwrap, String> {
     } else {
         Privilege::UserNamespace
     };
-    let (setpriv, nsenter) = match privilege {
-        Privilege::Root => (
-            find("setpriv").map_err(|e| format!("{e} (util-linux)"))?,
-            find("nsenter").map_err(|e| format!("{e} (util-linux)"))?,
-        ),
-        Privilege::UserNamespace => (PathBuf::new(), PathBuf::new()),
-    };
+    let setpriv = find("setpriv").map_err(|e| format!("{e} (util-linux)"))?;
+    let nsenter = find("nsenter").map_err(|e| format!("{e} (util-linux)"))?;
     let mut b = Bwrap {
         privilege,
         sh: find("sh")?,
@@ -188,13 +182,13 @@ fn probe_now() -> Result<Bwrap, String> {
         system_args: Vec::new(),
         path_env: SANDBOX_PATH.to_string(),
     };
-    b.system_args = system_args(&mut b.path_env);
+    b.system_args = system_args(&mut b.path_env, privilege);
     check(&b).map_err(|why| format!("bwrap cannot create sandboxes here ({why}): {install}"))?;
     Ok(b)
 }
 
 /// The mounts and namespaces every sandbox process shares.
-fn system_args(path_env: &mut String) -> Vec<OsString> {
+fn system_args(path_env: &mut String, privilege: Privilege) -> Vec<OsString> {
     let mut a = Args::default();
     a.push(["--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]);
     for dir in SYSTEM_DIRS {
@@ -253,22 +247,51 @@ fn system_args(path_env: &mut String) -> Vec<OsString> {
         "--ro-bind-try",
         "/proc/sysrq-trigger",
         "/proc/sysrq-trigger",
-        "--dev",
-        "/dev",
-        // Sandbox processes share wmo-e2b's session: its terminal, if it has one, must not be
-        // reachable (TIOCSTI would type into it).
-        "--ro-bind",
-        "/dev/null",
-        "/dev/tty",
-        "--perms",
-        "1777",
-        "--tmpfs",
-        "/dev/shm",
+    ]);
+    match privilege {
+        Privilege::Root => a.push([
+            "--dev",
+            "/dev",
+            // Sandbox processes share wmo-e2b's session: its terminal, if it has one, must
+            // not be reachable (TIOCSTI would type into it).
+            "--ro-bind",
+            "/dev/null",
+            "/dev/tty",
+        ]),
+        // bwrap's `--dev` mounts a devpts, for which it nests a second user namespace whose
+        // PID namespace no other command could then enter; plain devices do without (and
+        // without pseudo-terminals, or a terminal to reach).
+        Privilege::UserNamespace => {
+            a.push(["--tmpfs", "/dev"]);
+            for dev in [
+                "/dev/null",
+                "/dev/zero",
+                "/dev/full",
+                "/dev/random",
+                "/dev/urandom",
+            ] {
+                a.push(["--dev-bind", dev, dev]);
+            }
+            a.push([
+                "--symlink",
+                "/proc/self/fd",
+                "/dev/fd",
+                "--symlink",
+                "/proc/self/fd/0",
+                "/dev/stdin",
+                "--symlink",
+                "/proc/self/fd/1",
+                "/dev/stdout",
+                "--symlink",
+                "/proc/self/fd/2",
+                "/dev/stderr",
+            ]);
+        }
+    }
+    a.push([
+        "--perms", "1777", "--tmpfs", "/dev/shm",
         // Parents of the sandbox's own mounts, world-readable (bwrap makes them 0700).
-        "--dir",
-        "/home",
-        "--dir",
-        "/opt",
+        "--dir", "/home", "--dir", "/opt",
     ]);
     a.0
 }
@@ -356,60 +379,62 @@ impl Bwrap {
         a
     }
 
-    /// What runs the command itself after bwrap's `--`: under root, `setpriv` drops to the
-    /// sandbox user first.
+    /// What runs the command itself after bwrap's `--`: `setpriv`, which under root drops
+    /// to the sandbox user. (bwrap sets no_new_privs itself.)
     pub fn user_prefix(&self) -> Vec<OsString> {
-        match self.privilege {
-            Privilege::Root => self.setpriv_args(&[]),
-            Privilege::UserNamespace => Vec::new(),
-        }
+        self.setpriv_args(&[])
     }
 
     fn setpriv_args(&self, extra: &[&str]) -> Vec<OsString> {
-        let id = SANDBOX_UID.to_string();
-        let mut a: Vec<OsString> = vec![
-            self.setpriv.clone().into_os_string(),
-            "--reuid".into(),
-            id.clone().into(),
-            "--regid".into(),
-            id.into(),
-            "--clear-groups".into(),
-            "--inh-caps=-all".into(),
-        ];
+        let mut a: Vec<OsString> = vec![self.setpriv.clone().into_os_string()];
+        if self.privilege == Privilege::Root {
+            let id = SANDBOX_UID.to_string();
+            a.extend([
+                "--reuid".into(),
+                id.clone().into(),
+                "--regid".into(),
+                id.into(),
+                "--clear-groups".into(),
+            ]);
+        }
+        a.push("--inh-caps=-all".into());
         a.extend(extra.iter().map(OsString::from));
         a.push("--".into());
         a
     }
 
-    /// Whether a command can enter a holder's namespaces instead of building its own.
-    pub fn can_enter(&self) -> bool {
-        self.privilege == Privilege::Root
-    }
-
     /// `nsenter <the holder's namespaces, opened by the join shell> --wdns CWD -- setpriv
-    /// ... --`: the command then runs in the holder's mount namespace as the sandbox user.
-    /// nsenter runs as root with every capability until `setpriv` execs, in namespaces whose
-    /// every writable mount is the sandbox's own and with an environment of ours alone (see
-    /// `process`); `setpriv` drops the uid (which clears the capabilities), empties the
-    /// bounding set and sets no_new_privs, as bwrap would.
+    /// ... --`: the command then runs in the holder's own namespaces, mounts included, so
+    /// nothing has to be set up. As root nsenter holds every capability until `setpriv`
+    /// execs, in namespaces whose every writable mount is the sandbox's own and with an
+    /// environment of ours alone (see `process`); `setpriv` drops the uid (which clears the
+    /// capabilities), empties the bounding set and sets no_new_privs, as bwrap would. In a
+    /// user namespace nsenter's capabilities are the namespace's, and its exec drops them.
     pub fn enter_line(&self, cwd: &str) -> Args {
         let mut a = Args::default();
         a.path(&self.nsenter);
+        if self.in_user_namespace() {
+            a.push(["--user=/proc/self/fd/4", "--preserve-credentials"]);
+        }
         a.push([
             "--pid=/proc/self/fd/3",
-            "--mount=/proc/self/fd/4",
-            "--ipc=/proc/self/fd/5",
-            "--uts=/proc/self/fd/6",
-            "--root=/proc/self/fd/7",
+            "--mount=/proc/self/fd/5",
+            "--ipc=/proc/self/fd/6",
+            "--uts=/proc/self/fd/7",
+            "--root=/proc/self/fd/8",
         ]);
         a.0.push(format!("--wdns={cwd}").into());
         a.push(["--"]);
-        a.0.extend(self.setpriv_args(&["--bounding-set=-all", "--no-new-privs"]));
+        let extra: &[&str] = match self.privilege {
+            Privilege::Root => &["--bounding-set=-all", "--no-new-privs"],
+            Privilege::UserNamespace => &["--no-new-privs"],
+        };
+        a.0.extend(self.setpriv_args(extra));
         a
     }
 
-    /// The options that make a fresh sandbox namespace holder: its own PID namespace (and
-    /// user namespace when not root).
+    /// The options that make a sandbox's first holder: its own PID namespace (and user
+    /// namespace when not root).
     pub fn holder_options(&self) -> Vec<&'static str> {
         match self.privilege {
             Privilege::Root => vec!["--unshare-pid"],
@@ -424,13 +449,20 @@ impl Bwrap {
         }
     }
 
-    /// Options that join the namespaces opened (by the join shell) as fds 3 (PID) and 4
-    /// (user).
-    pub fn join_options(&self) -> Vec<&'static str> {
+    /// How a fresh bwrap starts inside the namespaces the join shell opened (fd 3: PID, fd
+    /// 4: user): what goes before bwrap, and bwrap's own options. As root bwrap joins the PID
+    /// namespace itself; in a user namespace the user namespace must be entered first, which
+    /// `nsenter` does (bwrap then nests a user namespace of its own in it).
+    pub fn bwrap_join(&self) -> (Vec<OsString>, Vec<&'static str>) {
         match self.privilege {
-            Privilege::Root => vec!["--pidns", "3"],
-            Privilege::UserNamespace => vec!["--userns", "4", "--pidns", "3"],
+            Privilege::Root => (Vec::new(), vec!["--pidns", "3"]),
+            Privilege::UserNamespace => (Vec::new(), vec!["--userns", "4", "--pidns", "3"]),
         }
+    }
+
+    /// Whether joining a holder means entering its user namespace too.
+    pub fn in_user_namespace(&self) -> bool {
+        self.privilege == Privilege::UserNamespace
     }
 
     /// Whether the host writes files for the sandbox user (and must hand them over).

@@ -36,16 +36,14 @@ const MAX_INFO: usize = 4096;
 
 /// Opens the namespaces of the holder named by `$1` (PID 1, start time `$2`) as fds, checks
 /// that the pid still names that holder (so a recycled pid can never put a command in someone
-/// else's namespace), and runs the rest. Always fd 3, its PID namespace; with `$3` = `user`,
-/// fd 4, its user namespace; with `enter`, fds 4 to 7: its mount, IPC and UTS namespaces and
-/// its root directory. Field 22 of `/proc/PID/stat` is the start time; the command name
-/// before it may hold spaces, so the fields are counted after its closing `) `.
-const JOIN: &str = r#"p=$1 t=$2 m=$3; shift 3
+/// else's namespace), and runs the rest. Always fd 3, its PID namespace; with `$3` = `u`, fd 4,
+/// its user namespace; with `$4` = `e`, fds 5 to 8: its mount, IPC and UTS namespaces and its
+/// root directory. Field 22 of `/proc/PID/stat` is the start time; the command name before it
+/// may hold spaces, so the fields are counted after its closing `) `.
+const JOIN: &str = r#"p=$1 t=$2 u=$3 e=$4; shift 4
 exec 3</proc/"$p"/ns/pid || exit 125
-case $m in
-user) exec 4</proc/"$p"/ns/user || exit 125 ;;
-enter) exec 4</proc/"$p"/ns/mnt 5</proc/"$p"/ns/ipc 6</proc/"$p"/ns/uts 7</proc/"$p"/root || exit 125 ;;
-esac
+if [ "$u" = u ]; then exec 4</proc/"$p"/ns/user || exit 125; fi
+if [ "$e" = e ]; then exec 5</proc/"$p"/ns/mnt 6</proc/"$p"/ns/ipc 7</proc/"$p"/ns/uts 8</proc/"$p"/root || exit 125; fi
 read -r s </proc/"$p"/stat || exit 125
 f() { shift 19; [ "$1" = "$t" ]; }
 f ${s##*) } || { echo "wmo-e2b: the sandbox's namespace is gone" >&2; exit 125; }
@@ -63,8 +61,14 @@ pub(super) enum Join {
 
 /// Runs the holder (`$2...`) and watches the sandbox's `meta.json` (`$1`); when it is gone,
 /// kills the whole session: watcher, bwrap and the namespace's PID 1.
+/// The watcher lets go of the pipes at once, so a bwrap that fails leaves them at end of file
+/// and its complaint is read at once.
+/// (A background job's stdin would be /dev/null; bwrap reads its options from it, so it gets
+/// the watcher's, kept aside on fd 9.)
 const WATCH: &str = r#"m=$1; shift
-"$@" &
+exec 9<&0
+"$@" <&9 9<&- &
+exec >/dev/null 2>&1 9<&- </dev/null
 while [ -e "$m" ]; do sleep 10; done
 kill -KILL 0"#;
 
@@ -138,15 +142,11 @@ impl Holder {
         let mut a = Args::default();
         a.path(&bwrap.sh);
         a.push(["-c", JOIN, "sh"]);
-        let mode = match join {
-            Join::Enter => "enter",
-            Join::Bwrap if bwrap.join_options().contains(&"--userns") => "user",
-            Join::Bwrap => "pid",
-        };
         a.push([
             self.init.to_string().as_str(),
             self.start_time.to_string().as_str(),
-            mode,
+            if bwrap.in_user_namespace() { "u" } else { "-" },
+            if join == Join::Enter { "e" } else { "-" },
         ]);
         a
     }
@@ -183,15 +183,15 @@ pub(super) fn start(
     space: Space,
     parent: Option<&Holder>,
 ) -> io::Result<Holder> {
-    let mut opts = match parent {
+    let (before, mut opts) = match parent {
         Some(_) => {
-            let mut o = bwrap.join_options();
+            let (before, mut o) = bwrap.bwrap_join();
             o.push("--unshare-pid");
-            o
+            (before, o)
         }
-        None => bwrap.holder_options(),
+        None => (Vec::new(), bwrap.holder_options()),
     };
-    // bwrap reports the namespace (and PID 1's host pid) as JSON on fd 1.
+    // bwrap reports the namespace (and PID 1's pid) as JSON on fd 1.
     opts.extend(["--info-fd", "1"]);
     let line = bwrap.command_line(binds, space.role(), true, &opts, &[]);
     let mut args = parent
@@ -208,7 +208,17 @@ pub(super) fn start(
         "sh".into(),
     ]);
     args.push(sandbox_dir.join(super::meta::META_FILE).into_os_string());
-    args.extend(line.0);
+    args.extend(before);
+    // bwrap reads its options from stdin (`--args 0`), so PID 1's command line, which every
+    // process in the namespace can read, names none of the host's paths.
+    let mut line = line.0.into_iter();
+    args.extend(line.next());
+    args.extend(["--args".into(), "0".into()]);
+    let mut options = Vec::new();
+    for a in line {
+        options.extend_from_slice(a.as_encoded_bytes());
+        options.push(0);
+    }
     // The holder says `ready` once it runs, which is after bwrap has finished the namespace's
     // mounts: bwrap reports its pid before that, and a command that entered the namespace
     // earlier would find it half built.
@@ -223,10 +233,20 @@ pub(super) fn start(
     cmd.args(&args[1..])
         .env_clear()
         .env("PATH", &bwrap.path_env)
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A few KiB, far below a pipe's buffer: the write never blocks.
+        let written = std::io::Write::write_all(&mut stdin, &options);
+        drop(stdin);
+        if let Err(e) = written {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    }
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let (tx, rx) = crossbeam_channel::bounded(1);
     std::thread::Builder::new()
@@ -258,12 +278,14 @@ pub(super) fn start(
     // `setsid --fork` returns at once; its child carries on as the holder.
     let _ = child.wait();
     let ready = err.contains("ready\n");
-    let init = parse_child_pid(&info).filter(|_| ready).ok_or_else(|| {
+    let report = parse_report(&info).filter(|_| ready).ok_or_else(|| {
         io::Error::other(format!(
             "bwrap did not start a namespace holder: {}",
             err.trim()
         ))
     })?;
+    let init = host_pid(report, parent)
+        .ok_or_else(|| io::Error::other("the namespace holder's PID 1 is nowhere to be seen"))?;
     let died = || io::Error::other("the namespace holder died at once");
     let init_stat = sys::proc_stat(init).ok_or_else(died)?;
     let leader = sys::proc_stat(init_stat.pgrp).ok_or_else(died)?;
@@ -291,13 +313,6 @@ fn read_until(mut src: impl Read, buf: &mut Vec<u8>, done: impl Fn(&[u8]) -> boo
     }
 }
 
-/// `"child-pid": N` from bwrap's info report.
-fn parse_child_pid(info: &[u8]) -> Option<u32> {
-    let end = info.iter().position(|&b| b == b'}')?;
-    let v: serde_json::Value = serde_json::from_slice(&info[..=end]).ok()?;
-    u32::try_from(v.get("child-pid")?.as_u64()?).ok()
-}
-
 /// Waits until each signalled holder is proven gone, for at most `within` in all; returns
 /// those still running.
 pub(super) fn wait_all_gone(holders: &[Holder], within: Duration) -> Vec<Holder> {
@@ -313,6 +328,72 @@ pub(super) fn wait_all_gone(holders: &[Holder], within: Duration) -> Vec<Holder>
         .collect()
 }
 
+/// What bwrap's info report says: PID 1's pid (as bwrap's own PID namespace numbers it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Report {
+    child_pid: u32,
+}
+
+fn parse_report(info: &[u8]) -> Option<Report> {
+    let end = info.iter().position(|&b| b == b'}')?;
+    let v: serde_json::Value = serde_json::from_slice(&info[..=end]).ok()?;
+    Some(Report {
+        child_pid: u32::try_from(v.get("child-pid")?.as_u64()?).ok()?,
+    })
+}
+
+/// PID 1's pid as the host numbers it. A bwrap started inside the sandbox's PID namespace
+/// (in a user namespace the task namespace is made from inside the sandbox's) reports the pid
+/// that namespace gives it; then the host's is the process numbered so one level down, whose
+/// parent lives in the sandbox's namespace.
+fn host_pid(report: Report, parent: Option<&Holder>) -> Option<u32> {
+    let Some(parent) = parent else {
+        return Some(report.child_pid);
+    };
+    let parent_ns = pid_namespace(parent.init)?;
+    // PID 1 of a namespace one level below the sandbox's, whose parent is in the sandbox's.
+    let nested = |pid: u32| {
+        let levels = ns_pids(pid);
+        levels.len() >= 3
+            && levels.last() == Some(&1)
+            && sys::proc_ppid(pid).and_then(pid_namespace) == Some(parent_ns)
+    };
+    // Reported as the host numbers it (bwrap ran in the host's PID namespace)...
+    if nested(report.child_pid) {
+        return Some(report.child_pid);
+    }
+    // ... or as the sandbox's namespace does.
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&pid| {
+            let levels = ns_pids(pid);
+            levels.len() >= 3 && levels[levels.len() - 2] == report.child_pid && nested(pid)
+        })
+}
+
+/// The inode of the PID namespace `pid` lives in.
+fn pid_namespace(pid: u32) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    let text = link.to_str()?;
+    text.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The pids `pid` has in each PID namespace it is in, outermost first (`NSpid`).
+fn ns_pids(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+            line.split_whitespace()
+                .skip(1)
+                .map(|p| p.parse().ok())
+                .collect::<Option<Vec<u32>>>()
+        })
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,8 +401,15 @@ mod tests {
     #[test]
     fn info_reports_name_the_child() {
         let info = b"{\n    \"child-pid\": 4242,\n    \"pid-namespace\": 4026532181\n}\n";
-        assert_eq!(parse_child_pid(info), Some(4242));
-        assert_eq!(parse_child_pid(b"{\"child-pid\": -1}"), None);
-        assert_eq!(parse_child_pid(b"garbage"), None);
+        assert_eq!(parse_report(info), Some(Report { child_pid: 4242 }));
+        assert_eq!(parse_report(b"{\"child-pid\": -1}"), None);
+        assert_eq!(parse_report(b"garbage"), None);
+    }
+
+    #[test]
+    fn our_own_pids_are_read() {
+        let me = std::process::id();
+        assert!(pid_namespace(me).is_some());
+        assert_eq!(ns_pids(me).first(), Some(&me));
     }
 }

@@ -267,20 +267,16 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
             // With the network open a command needs nothing its holder's own namespaces
             // lack (each holder has its role's mounts): it enters them. With it locked, it
             // gets a bwrap of its own, for a network namespace of its own.
-            let enter = bwrap.can_enter() && state.internet();
             let mut args;
-            if enter {
+            if state.internet() {
                 args = holder.join_prefix(bwrap, Join::Enter).0;
                 args.extend(bwrap.enter_line(l.cwd).0);
             } else {
                 args = holder.join_prefix(bwrap, Join::Bwrap).0;
-                let line = bwrap.command_line(
-                    &state.binds(),
-                    l.role,
-                    state.internet(),
-                    &bwrap.join_options(),
-                    &["--chdir", l.cwd],
-                );
+                let (before, join) = bwrap.bwrap_join();
+                args.extend(before);
+                let line =
+                    bwrap.command_line(&state.binds(), l.role, false, &join, &["--chdir", l.cwd]);
                 args.extend(line.0);
                 args.push("--".into());
                 args.extend(bwrap.user_prefix());

@@ -16,6 +16,7 @@ const GROUP_POLL: Duration = Duration::from_millis(5);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ProcStat {
     pub state: u8,
+    pub ppid: u32,
     pub pgrp: u32,
     /// Clock ticks after boot (field 22): with the pid it names one process for all time.
     pub start_time: u64,
@@ -26,6 +27,11 @@ impl ProcStat {
     pub fn is_running(&self) -> bool {
         !matches!(self.state, b'Z' | b'X' | b'x')
     }
+}
+
+/// The parent of `pid`, as the host numbers it.
+pub(super) fn proc_ppid(pid: u32) -> Option<u32> {
+    proc_stat(pid).map(|s| s.ppid)
 }
 
 pub(super) fn proc_stat(pid: u32) -> Option<ProcStat> {
@@ -39,10 +45,12 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // `fields[0]` is field 3, so field N is `fields[N - 3]`.
     let state = *fields.first()?.as_bytes().first()?;
+    let ppid = fields.get(1)?.parse().ok()?;
     let pgrp = fields.get(2)?.parse().ok()?;
     let start_time = fields.get(19)?.parse().ok()?;
     Some(ProcStat {
         state,
+        ppid,
         pgrp,
         start_time,
     })
