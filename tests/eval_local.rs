@@ -918,8 +918,15 @@ fn missing_or_old_node_stops_the_run_with_a_clear_error() {
         "--out",
         out.to_str().unwrap(),
     ];
+    // Unconfined, the caller's PATH is the sandbox's; under bwrap the system directories
+    // always hold this machine's own node.
     let path = path_without_node(&env, &[]);
-    let o = env.cmd(&args).env("PATH", &path).output().unwrap();
+    let o = env
+        .cmd(&args)
+        .args(["--isolation", "none"])
+        .env("PATH", &path)
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("Node.js is not installed"), "{err}");
@@ -928,6 +935,7 @@ fn missing_or_old_node_stops_the_run_with_a_clear_error() {
     assert!(env.results().len() < 6, "{:?}", env.results());
     assert!(env.live_sandboxes().is_empty());
 
+    // A node outside the system directories is bound into the sandbox where it is.
     std::fs::remove_dir_all(&out).unwrap();
     let old = "#!/bin/sh\necho 'wmo-e2b runner needs Node.js >= 18 (found v16.20.0)' >&2\nexit 3\n";
     let path = path_without_node(&env, &[("node", old)]);

@@ -13,7 +13,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use tempfile::TempDir;
 use wmo_e2b::sandbox::local::LocalBackend;
 use wmo_e2b::sandbox::{
-    Backend, CreateSpec, ErrorClass, Killed, Metadata, ProcessEvent, RunOpts, Sandbox,
+    Backend, CreateSpec, ErrorClass, Killed, Metadata, ProcessEvent, Role, RunOpts, Sandbox,
     SandboxError, SpawnOpts,
 };
 
@@ -750,4 +750,169 @@ fn caller_variables_reach_only_the_command() {
     // The loader complains once per program it starts with the variable: only bash.
     let stderr = out.stderr.to_text();
     assert_eq!(stderr.matches("preload.so").count(), 1, "{stderr}");
+}
+
+/// Makes this test process the reaper of every orphan below it, and one that never reaps:
+/// like a container whose PID 1 is not an init. (nextest runs each test in a process of its
+/// own.)
+fn orphans_are_never_reaped_here() {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// A command that entered a namespace from outside is reaped by its launcher there; were the
+/// launcher killed first, the command would be left to a reaper that may never come, and the
+/// namespace could not be proven dead.
+#[test]
+fn a_sandbox_dies_where_nobody_reaps_orphans() {
+    orphans_are_never_reaped_here();
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let _task = sb.spawn("sleep 100.201", &SpawnOpts::default()).unwrap();
+    let _system = sb
+        .spawn(
+            "sleep 100.202",
+            &SpawnOpts {
+                role: Role::System,
+                ..SpawnOpts::default()
+            },
+        )
+        .unwrap();
+    let markers = ["sleep 100.201", "sleep 100.202"];
+    assert!(poll_until(WAIT, || markers
+        .iter()
+        .all(|m| !running(m).is_empty())));
+    assert_eq!(b.kill(sb.id()).unwrap(), Killed::Now);
+    for m in markers {
+        assert!(running(m).is_empty(), "{m} survived the kill");
+    }
+}
+
+#[test]
+fn a_reset_ends_running_task_commands_where_nobody_reaps_orphans() {
+    orphans_are_never_reaped_here();
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let system = SpawnOpts {
+        role: Role::System,
+        ..SpawnOpts::default()
+    };
+    let _runner = sb.spawn("sleep 100.211", &system).unwrap();
+    sb.seal().unwrap();
+    let _task = sb.spawn("sleep 100.212", &SpawnOpts::default()).unwrap();
+    assert!(poll_until(WAIT, || !running("sleep 100.212").is_empty()));
+    sb.reset().unwrap();
+    assert!(
+        running("sleep 100.212").is_empty(),
+        "the task command survived"
+    );
+    assert!(
+        !running("sleep 100.211").is_empty(),
+        "the reset ended a system process"
+    );
+    assert_eq!(sh(&*sb, "echo ok").stdout.to_text(), "ok\n");
+}
+
+/// Whatever path a command takes in (entering its holder's namespaces, or a bwrap of its own
+/// when the network is locked), it runs as the sandbox user with no capability it could use
+/// or regain, and holds no fd but its stdio: not even one this process inherited from its own
+/// parent without close-on-exec.
+#[test]
+fn a_command_holds_no_privilege_and_no_fd_of_ours() {
+    let (_d, b) = backend();
+    let inherited = std::fs::File::open("/dev/null").unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&inherited);
+    // SAFETY: clears close-on-exec on an fd this test owns.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, 0);
+    // No pipeline while the shell's fds are listed: it holds a pipe's ends for a moment.
+    let report = "id -u; id -g; id -G; ls /proc/$$/fd > /tmp/fds; tr '\\n' ' ' < /tmp/fds; \
+                  echo; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/$$/status";
+    for internet in [true, false] {
+        let sb = b.create(&CreateSpec { internet, ..spec() }).unwrap();
+        for role in [Role::Task, Role::System] {
+            let out = sb
+                .run(
+                    report,
+                    &RunOpts {
+                        role,
+                        ..RunOpts::default()
+                    },
+                )
+                .unwrap();
+            let text = out.stdout.to_text();
+            let lines: Vec<&str> = text.lines().collect();
+            let what = format!(
+                "internet {internet}, {role:?}: {text}{}",
+                out.stderr.to_text()
+            );
+            assert_eq!(
+                lines.get(..3),
+                Some(&["1000", "1000", "1000"][..]),
+                "{what}"
+            );
+            assert_eq!(lines.get(3).map(|l| l.trim()), Some("0 1 2"), "{what}");
+            for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+                assert!(
+                    lines.contains(&format!("{cap}:\t0000000000000000").as_str()),
+                    "{cap} not empty ({what})"
+                );
+            }
+            assert!(lines.contains(&"NoNewPrivs:\t1"), "{what}");
+        }
+    }
+    drop(inherited);
+}
+
+/// A process whose low fds are taken still starts sandboxes: the namespace fds a nested
+/// holder's bwrap is handed by number land where its launcher's own fds (its stdio, the
+/// watcher's fd 9) cannot overwrite them.
+#[test]
+fn sandboxes_start_whatever_fds_this_process_holds() {
+    // Take every free fd below 8, so the next ones opened are 8, 9, 10...
+    let mut held = Vec::new();
+    loop {
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        held.push(f);
+        if fd >= 7 {
+            break;
+        }
+    }
+    let (_d, b) = backend();
+    for _ in 0..3 {
+        let sb = create(&b);
+        assert_eq!(sh(&*sb, "echo ok").stdout.to_text(), "ok\n");
+        sb.seal().unwrap();
+        sb.reset().unwrap();
+        assert_eq!(sh(&*sb, "echo again").stdout.to_text(), "again\n");
+        assert_eq!(b.kill(sb.id()).unwrap(), Killed::Now);
+    }
+    drop(held);
+}
+
+/// Killing one command (a tool call past its deadline) leaves nothing for a reaper that never
+/// comes: the next reset still proves the sandbox clean.
+#[test]
+fn a_killed_command_leaves_the_sandbox_resettable_where_nobody_reaps_orphans() {
+    orphans_are_never_reaped_here();
+    let (_d, b) = backend();
+    let sb = create(&b);
+    sb.seal().unwrap();
+    let p = sb.spawn("sleep 100.221", &SpawnOpts::default()).unwrap();
+    assert!(poll_until(WAIT, || !running("sleep 100.221").is_empty()));
+    sb.kill_process(p.pid).unwrap();
+    assert_eq!(collect(&p.events, WAIT).exit, Some(None));
+    let out = sb
+        .run(
+            "sleep 100.222",
+            &RunOpts {
+                timeout: Duration::from_millis(300),
+                ..RunOpts::default()
+            },
+        )
+        .unwrap();
+    assert!(out.timed_out);
+    sb.reset().unwrap();
+    assert_eq!(sh(&*sb, "echo ok").stdout.to_text(), "ok\n");
 }

@@ -25,6 +25,7 @@ ap.add_argument("tasks")
 ap.add_argument("jobs", type=int)
 ap.add_argument("--home")
 ap.add_argument("--out")
+ap.add_argument("--isolation", help="passed to `eval --isolation` when given")
 a = ap.parse_args()
 
 tmp = tempfile.mkdtemp(prefix="wmo-bench-eval-")
@@ -61,7 +62,8 @@ def proc_cpu(pid):
 
 t0 = time.perf_counter()
 p = subprocess.Popen(
-    [a.bin, "eval", "--tasks", a.tasks, "-j", str(a.jobs), "--out", out, "--json"],
+    [a.bin, "eval", "--tasks", a.tasks, "-j", str(a.jobs), "--out", out, "--json"]
+    + (["--isolation", a.isolation] if a.isolation else []),
     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
 )
 stop = threading.Event()
@@ -106,6 +108,7 @@ passed = sum(1 for _, s in finished if s == "passed")
 res = {
     "impl": "wmo-e2b",
     "jobs": a.jobs,
+    "isolation": a.isolation or "auto",
     "tasks": n_tasks,
     "finished": len(finished),
     "passed": passed,

@@ -5,7 +5,7 @@
 #   QUICK=1 scripts/bench/run.sh        # smaller counts, for checking the script itself
 #
 # Needs: cargo, node >= 18, python3. For the side-by-side with the Python system it replaces:
-# the reference environment of /work/shared/bench-reference (REF_SRC), built by its setup.sh
+# the reference environment of ../shared/bench-reference beside this checkout (REF_SRC), built by its setup.sh
 # into REF_DIR (default /tmp/wmo-ref) if missing, with PY312 (a CPython 3.12; default: the
 # pyenv one). If it cannot be built, the reference columns are left empty and BENCHMARKS.md
 # falls back to the reference's published figures, labelled as such.
@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 
-REF_SRC=${REF_SRC:-/work/shared/bench-reference}
+REF_SRC=${REF_SRC:-$ROOT/../shared/bench-reference}
 export REF_DIR=${REF_DIR:-/tmp/wmo-ref}
 PY312=${PY312:-$(ls -d "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1)}
 OUT=${OUT:-$ROOT/target/bench/$(date -u +%Y%m%dT%H%M%SZ)}

@@ -25,7 +25,7 @@ use super::paths;
 use super::server::{SandboxEntry, Shared};
 use crate::sandbox::local::LocalSandbox;
 use crate::sandbox::Role;
-use crate::sandbox::{ProcessEvent, Sandbox, SandboxError, SpawnOpts};
+use crate::sandbox::{shell_quote, ProcessEvent, Sandbox, SandboxError, SpawnOpts};
 
 /// How long an ended process can still be `Connect`ed to (envd's retention).
 const END_RETENTION: Duration = Duration::from_secs(30);
@@ -479,11 +479,6 @@ fn spend(budget: &mut Option<u32>) -> bool {
     }
 }
 
-/// Quotes a word for bash.
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
 fn start(
     shared: &Shared,
     entry: &Arc<SandboxEntry>,
@@ -859,12 +854,6 @@ mod tests {
             json!({"event": {"end": {"exitCode": -1, "status": "signal: killed",
                 "error": "signal: killed"}}})
         );
-    }
-
-    #[test]
-    fn quoting_survives_quotes() {
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote(""), "''");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::{EnvError, Environment, ToolOutput};
 use crate::cancel::CancelToken;
-use crate::runner::shell_quote;
+use crate::sandbox::shell_quote;
 use crate::sandbox::{Captured, ErrorClass, ProcessEvent, Sandbox, SandboxError, SpawnOpts};
 
 /// Bytes of tool output an agent sees, as head + tail.

@@ -21,8 +21,8 @@ use crate::episode::{
     self, error_chain, Episode, EpisodeConfig, EpisodeOutcome, StopReason, TokenMeter, Transcript,
 };
 use crate::provider::Provider;
-use crate::runner::shell_quote;
 use crate::sandbox::pool::{Pool, PoolError, PoolUsage, Warm};
+use crate::sandbox::shell_quote;
 use crate::sandbox::{ErrorClass, RunOpts, SandboxError};
 use crate::task::Task;
 pub use results::{ResultsWriter, Status, TaskRecord};

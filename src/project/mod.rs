@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::runner::shell_quote;
 use crate::sandbox::ledger::unix_now;
+use crate::sandbox::shell_quote;
 use crate::sandbox::{
     contained_path, Backend, Captured, CreateSpec, ErrorClass, Killed, Metadata, RunOpts, Sandbox,
     SandboxError,

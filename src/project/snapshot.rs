@@ -15,7 +15,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::{Project, ProjectError};
-use crate::runner::shell_quote;
+use crate::sandbox::shell_quote;
 use crate::sandbox::RunOpts;
 use crate::tree::TreeBounds;
 

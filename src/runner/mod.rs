@@ -260,30 +260,3 @@ fn classify_start_failure(
         },
     }
 }
-
-/// Quotes `s` for bash as one word.
-pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@".contains(&b))
-    {
-        return s.to_string();
-    }
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shell_quote_quotes_only_when_needed() {
-        assert_eq!(
-            shell_quote("/home/user/.wmo-runner"),
-            "/home/user/.wmo-runner"
-        );
-        assert_eq!(shell_quote("a b"), "'a b'");
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote(""), "''");
-    }
-}

@@ -28,6 +28,7 @@
 //! a sandbox kills every process group it started, whichever wmo-e2b process started it.
 
 pub mod confined;
+mod enter;
 pub mod isolation;
 mod meta;
 mod ns;

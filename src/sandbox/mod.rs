@@ -327,6 +327,17 @@ pub fn normalize_relative(rel: &str) -> std::result::Result<String, &'static str
     Ok(parts.join("/"))
 }
 
+/// Quotes `s` for bash as one word.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@".contains(&b))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
 /// Joins `rel` under `base`, refusing absolute paths, `..`, and empty components that would
 /// let a caller escape `base`.
 pub fn contained_path(base: &str, rel: &str) -> Result<String> {
@@ -340,6 +351,17 @@ pub fn contained_path(base: &str, rel: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shell_quote_quotes_only_when_needed() {
+        assert_eq!(
+            shell_quote("/home/user/.wmo-runner"),
+            "/home/user/.wmo-runner"
+        );
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
 
     #[test]
     fn captured_keeps_head_and_tail() {

@@ -6,7 +6,7 @@
 #   QUICK=1 scripts/bench/pi/run.sh     # small counts, no empty-npm-cache install (~1-2 min)
 #
 # Needs: cargo, node >= 20, npm with access to the registry (the cold installs), python3. For
-# the side-by-side: the reference environment of /work/shared/bench-reference (REF_SRC), built
+# the side-by-side: the reference environment of ../shared/bench-reference (REF_SRC), built
 # by its setup.sh into REF_DIR (default /tmp/wmo-ref) if missing, with PY312 (default: the
 # pyenv 3.12). Without it the reference columns stay empty.
 #
@@ -26,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$(pwd)
 
-REF_SRC=${REF_SRC:-/work/shared/bench-reference}
+REF_SRC=${REF_SRC:-$ROOT/../shared/bench-reference}
 export REF_DIR=${REF_DIR:-/tmp/wmo-ref}
 PY312=${PY312:-$(ls -d "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1)}
 OUT=${OUT:-$ROOT/target/bench/pi-$(date -u +%Y%m%dT%H%M%SZ)}

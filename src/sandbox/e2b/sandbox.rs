@@ -175,10 +175,10 @@ impl E2bSandbox {
 
     /// Runs one of the reuse scripts as root; anything but exit 0 means not provably clean.
     fn reuse_script(&self, what: &str, script: &str, args: &[String]) -> Result<()> {
-        let mut cmd = format!("bash -c {} reuse", crate::runner::shell_quote(script));
+        let mut cmd = format!("bash -c {} reuse", crate::sandbox::shell_quote(script));
         for a in args {
             cmd.push(' ');
-            cmd.push_str(&crate::runner::shell_quote(a));
+            cmd.push_str(&crate::sandbox::shell_quote(a));
         }
         let out = self.run(
             &cmd,

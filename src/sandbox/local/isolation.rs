@@ -1,17 +1,18 @@
 //! How local sandbox processes are confined: under bubblewrap (`bwrap`), or not at all.
 //!
-//! Under bwrap every sandbox process gets its own mount namespace in which only the system
-//! directories (read-only, with the host's secrets masked), a fresh `/proc` and `/dev`, and
-//! the sandbox's own directories exist: its home at `/home/user`, a private `/tmp`, and, for
-//! [`Role::System`] processes only, the system directory at `/opt/wmo-e2b`. Nothing of the
-//! host's home or of the state directory is visible. Processes join the sandbox's PID
-//! namespaces (see `ns`), run as uid 1000 (`user`, as on E2B) without capabilities, and get
-//! their own network namespace when the network is locked.
+//! Under bwrap a sandbox's processes live in mount namespaces of its own (one per role, made
+//! by its namespace holders, see `ns`) in which only the system directories (read-only, with
+//! the host's secrets masked), a fresh `/proc` and `/dev`, and the sandbox's own directories
+//! exist: its home at `/home/user`, a private `/tmp`, and, for [`Role::System`] processes
+//! only, the system directory at `/opt/wmo-e2b`. Nothing of the host's home or of the state
+//! directory is visible. Processes join the sandbox's namespaces (see `enter`), run as uid
+//! 1000 (`user`, as on E2B) without capabilities, and get their own network namespace when
+//! the network is locked.
 //!
-//! Run as root, bwrap works without a user namespace: it is given only the capabilities to
-//! change uid, and `setpriv` drops to uid 1000 before the command runs, so sandboxed code
-//! never holds host root (which could write `/proc/sys` files it owns). Run as anyone else,
-//! bwrap makes a user namespace mapping uid 1000 inside to the caller outside.
+//! Run as root, bwrap works without a user namespace, and every process that enters a
+//! sandbox drops to uid 1000 with no capability before it runs (see `enter`), so sandboxed
+//! code never holds host root (which could write `/proc/sys` files it owns). Run as anyone
+//! else, bwrap makes a user namespace mapping uid 1000 inside to the caller outside.
 //!
 //! The probe that decides whether bwrap works here runs once per wmo-e2b process.
 
@@ -34,6 +35,8 @@ pub const BWRAP_HOME: &str = "/home/user";
 pub const BWRAP_TMP: &str = "/tmp";
 pub const BWRAP_SYSTEM: &str = "/opt/wmo-e2b";
 
+/// Where a Node.js installed outside the system directories appears in a sandbox.
+const NODE_MOUNT: &str = "/opt/node";
 /// System directories bound read-only (or recreated as the symlinks they are on the host).
 const SYSTEM_DIRS: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
@@ -124,7 +127,7 @@ pub fn resolve(choice: IsolationChoice) -> Result<Resolved, String> {
 /// How bwrap gets its privileges on this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Privilege {
-    /// We are root: bwrap needs no user namespace; `setpriv` drops to [`SANDBOX_UID`].
+    /// We are root: bwrap needs no user namespace; processes drop to [`SANDBOX_UID`].
     Root,
     /// Anyone else: bwrap maps [`SANDBOX_UID`] to us in a user namespace.
     UserNamespace,
@@ -137,8 +140,6 @@ pub(super) struct Bwrap {
     pub sh: PathBuf,
     pub setsid: PathBuf,
     pub bwrap: PathBuf,
-    pub setpriv: PathBuf,
-    nsenter: PathBuf,
     /// The system part of every bwrap command line (mounts, namespaces), before the
     /// per-sandbox binds.
     system_args: Vec<OsString>,
@@ -170,15 +171,11 @@ fn probe_now() -> Result<Bwrap, String> {
     } else {
         Privilege::UserNamespace
     };
-    let setpriv = find("setpriv").map_err(|e| format!("{e} (util-linux)"))?;
-    let nsenter = find("nsenter").map_err(|e| format!("{e} (util-linux)"))?;
     let mut b = Bwrap {
         privilege,
         sh: find("sh")?,
         setsid: find("setsid").map_err(|e| format!("{e} (util-linux)"))?,
         bwrap,
-        setpriv,
-        nsenter,
         system_args: Vec::new(),
         path_env: SANDBOX_PATH.to_string(),
     };
@@ -221,20 +218,6 @@ fn system_args(path_env: &mut String, privilege: Privilege) -> Vec<OsString> {
             a.push(["--ro-bind-try"]);
             a.path(&target);
             a.path(&target);
-        }
-    }
-    // Node.js installed outside the system directories (nvm, a tarball under /opt): bind its
-    // installation, and only that, where it is.
-    if let Ok(node) = std::fs::canonicalize(sys::program("node")) {
-        if let Some(prefix) = node.parent().and_then(Path::parent) {
-            if !SYSTEM_DIRS.iter().any(|d| node.starts_with(d)) && prefix != Path::new("/") {
-                a.push(["--ro-bind"]);
-                a.path(prefix);
-                a.path(prefix);
-                if let Some(bin) = node.parent().and_then(Path::to_str) {
-                    *path_env = format!("{bin}:{path_env}");
-                }
-            }
         }
     }
     a.push([
@@ -293,6 +276,22 @@ fn system_args(path_env: &mut String, privilege: Privilege) -> Vec<OsString> {
         // Parents of the sandbox's own mounts, world-readable (bwrap makes them 0700).
         "--dir", "/home", "--dir", "/opt",
     ]);
+    // Node.js installed outside the system directories (nvm, a tarball under /opt): bind its
+    // installation, and only that, at a place of its own, where no directory of the
+    // sandbox's (its home, its /tmp) can hide it.
+    if let Ok(node) = std::fs::canonicalize(sys::program("node")) {
+        let bin = node.parent();
+        if let Some((bin, prefix)) = bin.zip(bin.and_then(Path::parent)) {
+            if !SYSTEM_DIRS.iter().any(|d| node.starts_with(d)) && prefix != Path::new("/") {
+                a.push(["--ro-bind"]);
+                a.path(prefix);
+                a.push([NODE_MOUNT]);
+                if let Some(name) = bin.file_name().and_then(|n| n.to_str()) {
+                    *path_env = format!("{NODE_MOUNT}/{name}:{path_env}");
+                }
+            }
+        }
+    }
     a.0
 }
 
@@ -323,34 +322,16 @@ pub(super) struct Binds<'a> {
 }
 
 impl Bwrap {
-    /// `bwrap <system mounts> <sandbox binds> [namespace]` up to (not including) the `--`
-    /// before the command. `join` is the namespace options (`--pidns 3`, ...).
-    pub fn command_line(
-        &self,
-        binds: &Binds<'_>,
-        role: Role,
-        network: bool,
-        join: &[&str],
-        extra: &[&str],
-    ) -> Args {
+    /// `bwrap <namespace options> <system mounts> <sandbox binds>` up to (not including) the
+    /// `--` before the program: a namespace holder's (see `ns`). `join` is the namespace
+    /// options (`--unshare-pid`, `--pidns 10`, ...). The holder keeps no capability; the
+    /// processes that enter it drop theirs themselves (see `enter`).
+    pub fn command_line(&self, binds: &Binds<'_>, role: Role, join: &[&str]) -> Args {
         let mut a = Args::default();
         a.path(&self.bwrap);
         a.0.extend(join.iter().map(OsString::from));
-        match self.privilege {
-            // bwrap itself must reach the working directory (the sandbox user's, maybe 0700)
-            // and change uid; `setpriv` then drops to the sandbox user, which clears every
-            // capability, so the command holds none.
-            Privilege::Root => a.push([
-                "--cap-drop",
-                "ALL",
-                "--cap-add",
-                "CAP_SETUID",
-                "--cap-add",
-                "CAP_SETGID",
-                "--cap-add",
-                "CAP_DAC_READ_SEARCH",
-            ]),
-            Privilege::UserNamespace => {}
+        if self.privilege == Privilege::Root {
+            a.push(["--cap-drop", "ALL"]);
         }
         a.0.extend(self.system_args.iter().cloned());
         a.push(["--ro-bind"]);
@@ -372,64 +353,6 @@ impl Bwrap {
                 a.push([at.as_str()]);
             }
         }
-        if !network {
-            a.push(["--unshare-net"]);
-        }
-        a.0.extend(extra.iter().map(OsString::from));
-        a
-    }
-
-    /// What runs the command itself after bwrap's `--`: `setpriv`, which under root drops
-    /// to the sandbox user. (bwrap sets no_new_privs itself.)
-    pub fn user_prefix(&self) -> Vec<OsString> {
-        self.setpriv_args(&[])
-    }
-
-    fn setpriv_args(&self, extra: &[&str]) -> Vec<OsString> {
-        let mut a: Vec<OsString> = vec![self.setpriv.clone().into_os_string()];
-        if self.privilege == Privilege::Root {
-            let id = SANDBOX_UID.to_string();
-            a.extend([
-                "--reuid".into(),
-                id.clone().into(),
-                "--regid".into(),
-                id.into(),
-                "--clear-groups".into(),
-            ]);
-        }
-        a.push("--inh-caps=-all".into());
-        a.extend(extra.iter().map(OsString::from));
-        a.push("--".into());
-        a
-    }
-
-    /// `nsenter <the holder's namespaces, opened by the join shell> --wdns CWD -- setpriv
-    /// ... --`: the command then runs in the holder's own namespaces, mounts included, so
-    /// nothing has to be set up. As root nsenter holds every capability until `setpriv`
-    /// execs, in namespaces whose every writable mount is the sandbox's own and with an
-    /// environment of ours alone (see `process`); `setpriv` drops the uid (which clears the
-    /// capabilities), empties the bounding set and sets no_new_privs, as bwrap would. In a
-    /// user namespace nsenter's capabilities are the namespace's, and its exec drops them.
-    pub fn enter_line(&self, cwd: &str) -> Args {
-        let mut a = Args::default();
-        a.path(&self.nsenter);
-        if self.in_user_namespace() {
-            a.push(["--user=/proc/self/fd/4", "--preserve-credentials"]);
-        }
-        a.push([
-            "--pid=/proc/self/fd/3",
-            "--mount=/proc/self/fd/5",
-            "--ipc=/proc/self/fd/6",
-            "--uts=/proc/self/fd/7",
-            "--root=/proc/self/fd/8",
-        ]);
-        a.0.push(format!("--wdns={cwd}").into());
-        a.push(["--"]);
-        let extra: &[&str] = match self.privilege {
-            Privilege::Root => &["--bounding-set=-all", "--no-new-privs"],
-            Privilege::UserNamespace => &["--no-new-privs"],
-        };
-        a.0.extend(self.setpriv_args(extra));
         a
     }
 
@@ -449,14 +372,12 @@ impl Bwrap {
         }
     }
 
-    /// How a fresh bwrap starts inside the namespaces the join shell opened (fd 3: PID, fd
-    /// 4: user): what goes before bwrap, and bwrap's own options. As root bwrap joins the PID
-    /// namespace itself; in a user namespace the user namespace must be entered first, which
-    /// `nsenter` does (bwrap then nests a user namespace of its own in it).
-    pub fn bwrap_join(&self) -> (Vec<OsString>, Vec<&'static str>) {
+    /// The uid (and gid) a command that enters a holder drops to itself: as root, the
+    /// sandbox user's; in a user namespace it already is the sandbox user.
+    pub fn drops_to(&self) -> Option<u32> {
         match self.privilege {
-            Privilege::Root => (Vec::new(), vec!["--pidns", "3"]),
-            Privilege::UserNamespace => (Vec::new(), vec!["--userns", "4", "--pidns", "3"]),
+            Privilege::Root => Some(SANDBOX_UID),
+            Privilege::UserNamespace => None,
         }
     }
 
@@ -510,15 +431,8 @@ fn check(b: &Bwrap) -> Result<(), String> {
         };
         let mut opts = b.holder_options();
         opts.push("--unshare-net");
-        let line = b.command_line(&binds, Role::Task, true, &opts, &["--chdir", BWRAP_HOME]);
-        let mut args = line.0;
-        args.push("--".into());
-        args.extend(b.user_prefix());
-        args.extend([
-            "/bin/sh".into(),
-            "-c".into(),
-            "test \"$(id -u)\" = 1000".into(),
-        ]);
+        let mut args = b.command_line(&binds, Role::Task, &opts).0;
+        args.extend(["--".into(), "/bin/true".into()]);
         let mut cmd = Command::new(&args[0]);
         cmd.args(&args[1..])
             .env_clear()

@@ -16,14 +16,16 @@
 //! deleted under it), so a holder never outlives its sandbox for long even when no wmo-e2b
 //! process is left to kill it.
 
+use std::ffi::OsString;
 use std::io::{self, Read};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::isolation::{Args, Binds, Bwrap};
+use super::enter::Request;
+use super::isolation::{Binds, Bwrap};
 use super::{meta, sys};
 use crate::sandbox::Role;
 
@@ -31,33 +33,13 @@ use crate::sandbox::Role;
 pub(super) const NS_DIR: &str = "ns";
 /// How long a holder may take to report its namespace.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// The fds a nested holder's bwrap finds its parent's namespaces on (see `enter`).
+const JOINED_PID: &str = "10";
+const JOINED_USER: &str = "11";
+/// How long a holder's launcher is given to reap its PID 1 once that has exited.
+const REAP_GRACE: Duration = Duration::from_millis(200);
 /// Bytes of bwrap's `--info-fd` report we read at most.
 const MAX_INFO: usize = 4096;
-
-/// Opens the namespaces of the holder named by `$1` (PID 1, start time `$2`) as fds, checks
-/// that the pid still names that holder (so a recycled pid can never put a command in someone
-/// else's namespace), and runs the rest. Always fd 3, its PID namespace; with `$3` = `u`, fd 4,
-/// its user namespace; with `$4` = `e`, fds 5 to 8: its mount, IPC and UTS namespaces and its
-/// root directory. Field 22 of `/proc/PID/stat` is the start time; the command name before it
-/// may hold spaces, so the fields are counted after its closing `) `.
-const JOIN: &str = r#"p=$1 t=$2 u=$3 e=$4; shift 4
-exec 3</proc/"$p"/ns/pid || exit 125
-if [ "$u" = u ]; then exec 4</proc/"$p"/ns/user || exit 125; fi
-if [ "$e" = e ]; then exec 5</proc/"$p"/ns/mnt 6</proc/"$p"/ns/ipc 7</proc/"$p"/ns/uts 8</proc/"$p"/root || exit 125; fi
-read -r s </proc/"$p"/stat || exit 125
-f() { shift 19; [ "$1" = "$t" ]; }
-f ${s##*) } || { echo "wmo-e2b: the sandbox's namespace is gone" >&2; exit 125; }
-exec "$@""#;
-
-/// How a command joins a holder's namespaces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Join {
-    /// A fresh bwrap in the holder's PID namespace (and user namespace when not root).
-    Bwrap,
-    /// Into the holder's own mount, PID, IPC and UTS namespaces with `nsenter` (root only):
-    /// no mounts to set up, so a task's command starts at a fraction of the cost.
-    Enter,
-}
 
 /// Runs the holder (`$2...`) and watches the sandbox's `meta.json` (`$1`); when it is gone,
 /// kills the whole session: watcher, bwrap and the namespace's PID 1.
@@ -122,33 +104,25 @@ impl Holder {
         sys::is_alive(self.init, self.start_time)
     }
 
-    /// SIGKILLs the holder's group and its PID 1, which takes the whole namespace down; true
-    /// once PID 1 is proven gone (which it is only after every process in the namespace).
-    /// The holder's own launchers outside the namespace die of the same signal.
+    /// SIGKILLs the namespace's PID 1, which takes every process in it down (PID 1 is not
+    /// gone before they all are), then the holder's own group on the host; true once PID 1
+    /// is proven gone.
+    ///
+    /// In that order because a process that entered a namespace from outside (a command,
+    /// a nested holder's PID 1) is reaped by its launcher outside (the command's helper, the
+    /// nested holder's bwrap). Killed first,
+    /// the launcher would leave it to the host's init, which may reap late or never, and
+    /// PID 1 does not exit before it is reaped. So the launchers outlive PID 1, and this
+    /// holder's own launcher is given a moment to reap PID 1 too, whose pid in an enclosing
+    /// namespace is freed only then.
     pub fn kill(&self, within: Duration) -> io::Result<bool> {
-        self.signal()?;
-        Ok(sys::wait_gone(self.init, self.start_time, within))
-    }
-
-    /// Sends SIGKILL without waiting.
-    pub fn signal(&self) -> io::Result<()> {
-        sys::kill_recorded_group(self.group, self.group_start)?;
         sys::kill_recorded(self.init, self.start_time)?;
-        Ok(())
-    }
-
-    /// The leading arguments of a command that runs inside this namespace: the join shell.
-    pub fn join_prefix(&self, bwrap: &Bwrap, join: Join) -> Args {
-        let mut a = Args::default();
-        a.path(&bwrap.sh);
-        a.push(["-c", JOIN, "sh"]);
-        a.push([
-            self.init.to_string().as_str(),
-            self.start_time.to_string().as_str(),
-            if bwrap.in_user_namespace() { "u" } else { "-" },
-            if join == Join::Enter { "e" } else { "-" },
-        ]);
-        a
+        let gone = sys::wait_gone(self.init, self.start_time, within);
+        if gone {
+            sys::wait_reaped(self.init, self.start_time, REAP_GRACE);
+        }
+        sys::kill_recorded_group(self.group, self.group_start)?;
+        Ok(gone)
     }
 }
 
@@ -183,20 +157,22 @@ pub(super) fn start(
     space: Space,
     parent: Option<&Holder>,
 ) -> io::Result<Holder> {
-    let (before, mut opts) = match parent {
+    // A nested holder's bwrap joins the parent's PID namespace (and user namespace) by the
+    // fds the helper hands it, and makes a PID namespace of its own inside.
+    let mut opts: Vec<&str> = Vec::new();
+    match parent {
         Some(_) => {
-            let (before, mut o) = bwrap.bwrap_join();
-            o.push("--unshare-pid");
-            (before, o)
+            if bwrap.in_user_namespace() {
+                opts.extend(["--userns", JOINED_USER]);
+            }
+            opts.extend(["--pidns", JOINED_PID, "--unshare-pid"]);
         }
-        None => (Vec::new(), bwrap.holder_options()),
-    };
+        None => opts.extend(bwrap.holder_options()),
+    }
     // bwrap reports the namespace (and PID 1's pid) as JSON on fd 1.
     opts.extend(["--info-fd", "1"]);
-    let line = bwrap.command_line(binds, space.role(), true, &opts, &[]);
-    let mut args = parent
-        .map(|p| p.join_prefix(bwrap, Join::Bwrap).0)
-        .unwrap_or_default();
+    let line = bwrap.command_line(binds, space.role(), &opts);
+    let mut args: Vec<OsString> = Vec::new();
     // `setsid --fork`: the holder is a session of its own, nobody's child here, and outlives
     // this process.
     args.extend([
@@ -208,7 +184,6 @@ pub(super) fn start(
         "sh".into(),
     ]);
     args.push(sandbox_dir.join(super::meta::META_FILE).into_os_string());
-    args.extend(before);
     // bwrap reads its options from stdin (`--args 0`), so PID 1's command line, which every
     // process in the namespace can read, names none of the host's paths.
     let mut line = line.0.into_iter();
@@ -229,11 +204,16 @@ pub(super) fn start(
         // Its stdout is bwrap's report channel, which bwrap closes in the sandbox.
         "echo ready >&2; exec sleep infinity".into(),
     ]);
-    let mut cmd = Command::new(&args[0]);
-    cmd.args(&args[1..])
-        .env_clear()
-        .env("PATH", &bwrap.path_env)
-        .stdin(Stdio::piped())
+    let request = match parent {
+        Some(holder) => Request::Join {
+            holder,
+            user_namespace: bwrap.in_user_namespace(),
+            argv: &args,
+        },
+        None => Request::Plain { argv: &args },
+    };
+    let mut cmd = request.command(&[("PATH", &bwrap.path_env)]);
+    cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
@@ -311,21 +291,6 @@ fn read_until(mut src: impl Read, buf: &mut Vec<u8>, done: impl Fn(&[u8]) -> boo
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
-}
-
-/// Waits until each signalled holder is proven gone, for at most `within` in all; returns
-/// those still running.
-pub(super) fn wait_all_gone(holders: &[Holder], within: Duration) -> Vec<Holder> {
-    let deadline = Instant::now() + within;
-    holders
-        .iter()
-        .copied()
-        .filter(|h| {
-            let left = deadline.saturating_duration_since(Instant::now());
-            !(sys::wait_gone(h.init, h.start_time, left)
-                && sys::wait_groups_gone(&[h.group], left).is_empty())
-        })
-        .collect()
 }
 
 /// What bwrap's info report says: PID 1's pid (as bwrap's own PID namespace numbers it).

@@ -6,7 +6,7 @@
 //! process reaps it; until then its zombie keeps the pid (and so the group id) from being
 //! reused, which is what makes group signals from other threads safe.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 
+use super::enter::Request;
+use super::isolation::Bwrap;
 use super::meta::{self, ProcRecord};
-use super::ns::{Join, Space};
+use super::ns::Space;
 use super::sandbox::{Mode, SandboxState};
 use super::{lock, sys};
 use crate::sandbox::{
@@ -79,6 +81,9 @@ pub(super) struct ProcEntry {
     stdin: Mutex<Option<ChildStdin>>,
     /// `None` for foreground runs, whose output goes to their `Output`.
     outlet: Option<Outlet>,
+    /// Whether the process is a command's launcher outside the sandbox (under bwrap), the
+    /// command being its child inside.
+    launcher: bool,
 }
 
 impl ProcEntry {
@@ -86,6 +91,10 @@ impl ProcEntry {
     pub fn kill_group(&self) -> io::Result<bool> {
         let reaped = lock(&self.reaped);
         if !*reaped {
+            if self.launcher {
+                // Unreaped (the lock holds off the reaping), the pid is still the launcher's.
+                sys::end_launched(self.pid, self.start_time)?;
+            }
             return sys::kill_group(self.pid);
         }
         drop(reaped);
@@ -261,54 +270,28 @@ struct Started {
 
 /// The command line of a sandbox process.
 fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
+    // The caller's variables come after ours, so they may override any (HOME too).
+    let home = match l.role {
+        Role::Task => &state.home,
+        Role::System => &state.system,
+    };
     let mut c = match state.mode {
         Mode::Bwrap(bwrap) => {
             let holder = state.holder(Space::for_role(l.role))?;
-            // With the network open a command needs nothing its holder's own namespaces
-            // lack (each holder has its role's mounts): it enters them. With it locked, it
-            // gets a bwrap of its own, for a network namespace of its own.
-            let mut args;
-            if state.internet() {
-                args = holder.join_prefix(bwrap, Join::Enter).0;
-                args.extend(bwrap.enter_line(l.cwd).0);
-            } else {
-                args = holder.join_prefix(bwrap, Join::Bwrap).0;
-                let (before, join) = bwrap.bwrap_join();
-                args.extend(before);
-                let line =
-                    bwrap.command_line(&state.binds(), l.role, false, &join, &["--chdir", l.cwd]);
-                args.extend(line.0);
-                args.push("--".into());
-                args.extend(bwrap.user_prefix());
+            // With the network locked the command gets a network namespace of its own, so
+            // it reaches nothing beyond itself (a server it starts there lives as long as it
+            // does). Its shell by its path in the sandbox, which has no search to do.
+            let env = sandbox_env(bwrap, home, state.envs.iter().chain(l.envs));
+            Request::Enter {
+                holder: &holder,
+                user_namespace: bwrap.in_user_namespace(),
+                drop_to: bwrap.drops_to(),
+                own_network: !state.internet(),
+                cwd: l.cwd,
+                env: &env,
+                argv: &["/bin/bash", "-c", l.cmd],
             }
-            // The caller's variables reach only the command, after the drop to the sandbox
-            // user: a variable such as LD_PRELOAD must never reach the stages that run as
-            // root (nsenter, setpriv, bwrap).
-            let user_envs: Vec<std::ffi::OsString> = state
-                .envs
-                .iter()
-                .chain(l.envs)
-                .map(|(k, v)| format!("{k}={v}").into())
-                .collect();
-            if !user_envs.is_empty() {
-                args.extend(["env".into(), "--".into()]);
-                args.extend(user_envs);
-            }
-            args.extend(["bash".into(), "-c".into(), l.cmd.into()]);
-            let mut c = Command::new(&args[0]);
-            c.args(&args[1..]);
-            c.env_clear();
-            for key in PASSTHROUGH_ENV {
-                if let Some(v) = std::env::var_os(key) {
-                    c.env(key, v);
-                }
-            }
-            c.env("PATH", &bwrap.path_env)
-                .env("USER", "user")
-                .env("LOGNAME", "user")
-                .env("SHELL", "/bin/bash")
-                .env("TMPDIR", "/tmp");
-            c
+            .command(&[])
         }
         Mode::None => {
             let mut c = match state.internet() {
@@ -341,18 +324,14 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
                 c.env("PATH", DEFAULT_PATH);
             }
             c.current_dir(l.cwd)
+                .env("HOME", home)
                 .envs(state.envs.iter().map(|(k, v)| (k, v)))
                 .envs(l.envs.iter().map(|(k, v)| (k, v)));
             c
         }
     };
-    let home = match l.role {
-        Role::Task => &state.home,
-        Role::System => &state.system,
-    };
     // Its own process group, which a kill of this command reaches entirely.
-    c.env("HOME", home)
-        .process_group(0)
+    c.process_group(0)
         .stdin(if l.stdin {
             Stdio::piped()
         } else {
@@ -361,6 +340,31 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     Ok(c)
+}
+
+/// The environment of a command under bwrap: ours alone but for the few variables passed
+/// through, then the caller's (which may override any).
+fn sandbox_env<'a>(
+    bwrap: &Bwrap,
+    home: &str,
+    caller: impl Iterator<Item = &'a (String, String)>,
+) -> Vec<(String, String)> {
+    let mut env: BTreeMap<String, String> = PASSTHROUGH_ENV
+        .iter()
+        .filter_map(|k| Some((k.to_string(), std::env::var(k).ok()?)))
+        .collect();
+    for (k, v) in [
+        ("PATH", bwrap.path_env.as_str()),
+        ("USER", "user"),
+        ("LOGNAME", "user"),
+        ("SHELL", "/bin/bash"),
+        ("TMPDIR", "/tmp"),
+        ("HOME", home),
+    ] {
+        env.insert(k.into(), v.into());
+    }
+    env.extend(caller.cloned());
+    env.into_iter().collect()
 }
 
 /// Kills and reaps a child we cannot hand out.
@@ -415,6 +419,7 @@ fn start(state: &Arc<SandboxState>, l: &Launch, outlet: Option<Outlet>) -> Resul
         reaped_rx,
         stdin: Mutex::new(child.stdin.take()),
         outlet,
+        launcher: matches!(state.mode, Mode::Bwrap(_)),
     });
     lock(&state.procs).insert(pid, Arc::clone(&entry));
     Ok(Started {

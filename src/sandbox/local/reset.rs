@@ -129,11 +129,21 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
     Ok(())
 }
 
-/// Kills every task process and proves them gone: the recorded ones by their groups (which
-/// holds their host-side launchers too), all of them by the task namespace's PID 1.
+/// Kills every task process and proves them gone: all of them by the task namespace's PID 1,
+/// then the recorded ones by their groups (which hold their host-side launchers; see
+/// `Holder::kill` for the order).
 fn end_task_processes(state: &SandboxState) -> std::result::Result<(), String> {
     let records = meta::read_proc_records(&state.dir.join(PROCS_DIR))
         .map_err(|e| format!("cannot read its process records: {e}"))?;
+    if let Ok(holder) = ns::read(&state.dir, Space::Task) {
+        match holder.kill(KILL_WAIT) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err("its task namespace still runs 5 s after SIGKILL".into());
+            }
+            Err(e) => return Err(format!("cannot kill its task namespace: {e}")),
+        }
+    }
     let mut signalled = Vec::new();
     for rec in records.iter().filter(|r| r.role == Role::Task) {
         let ours = lock(&state.procs).get(&rec.pid).cloned();
@@ -145,15 +155,6 @@ fn end_task_processes(state: &SandboxState) -> std::result::Result<(), String> {
             Ok(true) => signalled.push(rec.pid),
             Ok(false) => {}
             Err(e) => return Err(format!("cannot kill process group {}: {e}", rec.pid)),
-        }
-    }
-    if let Ok(holder) = ns::read(&state.dir, Space::Task) {
-        match holder.kill(KILL_WAIT) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err("its task namespace still runs 5 s after SIGKILL".into());
-            }
-            Err(e) => return Err(format!("cannot kill its task namespace: {e}")),
         }
     }
     let alive = sys::wait_groups_gone(&signalled, KILL_WAIT);

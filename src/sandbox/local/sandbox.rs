@@ -633,6 +633,9 @@ impl Sandbox for LocalSandbox {
             .into_iter()
             .find(|r| r.pid == pid)
             .ok_or_else(|| self.state.no_such_process(pid))?;
+        if matches!(self.state.mode, Mode::Bwrap(_)) {
+            sys::end_launched(pid, record.start_time).map_err(kill_error)?;
+        }
         let signalled = sys::kill_recorded_group(pid, record.start_time).map_err(kill_error)?;
         if signalled && !sys::wait_groups_gone(&[pid], KILL_WAIT).is_empty() {
             return Err(stuck());

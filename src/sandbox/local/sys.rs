@@ -11,6 +11,10 @@ use crate::sandbox::SandboxError;
 
 /// How often a bounded wait for a killed group looks again.
 const GROUP_POLL: Duration = Duration::from_millis(5);
+/// How long a launcher is given to reap the command killed under it and end.
+const LAUNCHER_GRACE: Duration = Duration::from_millis(500);
+/// A launcher reaps its exited child within microseconds; poll for that finely.
+const REAP_POLL: Duration = Duration::from_millis(1);
 
 /// What `/proc/<pid>/stat` says about one process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +43,7 @@ pub(super) fn proc_stat(pid: u32) -> Option<ProcStat> {
     parse_stat(&text)
 }
 
-fn parse_stat(text: &str) -> Option<ProcStat> {
+pub(super) fn parse_stat(text: &str) -> Option<ProcStat> {
     // The command name (field 2) may contain spaces and parentheses; it ends at the last ')'.
     let rest = &text[text.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -238,6 +242,67 @@ pub(super) fn wait_gone(pid: u32, start_time: u64, within: Duration) -> bool {
         }
         std::thread::sleep(GROUP_POLL);
     }
+}
+
+/// Waits until the recorded process, exited, has been reaped by its parent (its pid is
+/// free), for at most `within`; true if it has.
+pub(super) fn wait_reaped(pid: u32, start_time: u64, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if proc_stat(pid).is_none_or(|s| s.start_time != start_time) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(REAP_POLL);
+    }
+}
+
+/// SIGKILLs the children of the launcher `pid` (the commands it started inside a sandbox),
+/// then waits a moment for the launcher to end, which it does once it has reaped them.
+/// Killed together with its children instead, the launcher would leave them to the host's
+/// init to reap, and the sandbox's namespace could not end before that (see
+/// `Holder::kill`). Does nothing unless `pid` is still the process that started at
+/// `start_time`.
+pub(super) fn end_launched(pid: u32, start_time: u64) -> io::Result<()> {
+    if !is_alive(pid, start_time) {
+        return Ok(());
+    }
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    let mut signalled = false;
+    for child in children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+    {
+        // Opened first, then checked: a pid reused in between names no child of `pid`.
+        let Some(fd) = pidfd_open(child) else {
+            continue;
+        };
+        if proc_stat(child).is_none_or(|s| s.ppid != pid) {
+            continue;
+        }
+        // SAFETY: a pidfd we own, a signal number, no siginfo.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc == 0 {
+            signalled = true;
+        } else if io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    if signalled {
+        wait_gone(pid, start_time, LAUNCHER_GRACE);
+    }
+    Ok(())
 }
 
 /// A pidfd for `pid`, when the kernel offers them (Linux 5.3) and the process exists.

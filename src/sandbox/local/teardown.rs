@@ -3,9 +3,9 @@
 //! A kill first renames the sandbox directory to a tombstone (`.dead-<id>-<rand>`). The rename
 //! is atomic, so exactly one killer wins, `list` and `connect` stop seeing the sandbox at once,
 //! and a process start racing the kill fails to record itself (its directory is gone) and
-//! kills its own child. Then every recorded process group and (under bwrap) the PID 1 of each
-//! of the sandbox's namespaces is SIGKILLed, which takes every process in them down however it
-//! detached; the kill is confirmed, and the tombstone is removed. A tombstone left by a crash
+//! kills its own child. Then (under bwrap) the PID 1 of each of the sandbox's namespaces is
+//! SIGKILLed, which takes every process in them down however it detached, and then every
+//! recorded process group; the kill is confirmed, and the tombstone is removed. A tombstone left by a crash
 //! is finished by the next sweep.
 
 use std::fs;
@@ -44,6 +44,20 @@ pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) ->
         Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(io_error("reading the process records".into(), e)),
     };
+    // The namespaces first, innermost first, each proven gone before the next: see
+    // `Holder::kill` for why the launchers (the recorded groups) must outlive them.
+    for h in ns::recorded(tomb) {
+        match h.kill(KILL_WAIT) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(io_error(
+                    format!("killing the namespace of process {}", h.init),
+                    io::Error::new(io::ErrorKind::TimedOut, "still running 5 s after SIGKILL"),
+                ))
+            }
+            Err(e) => return Err(io_error(format!("killing namespace holder {}", h.init), e)),
+        }
+    }
     let mut signalled = Vec::new();
     for rec in &records {
         let ours = table.and_then(|t| lock(t).get(&rec.pid).cloned());
@@ -58,20 +72,7 @@ pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) ->
             Err(e) => return Err(io_error(format!("killing process group {}", rec.pid), e)),
         }
     }
-    let holders = ns::recorded(tomb);
-    for h in &holders {
-        if let Err(e) = h.signal() {
-            return Err(io_error(format!("killing namespace holder {}", h.init), e));
-        }
-    }
     let alive = sys::wait_groups_gone(&signalled, KILL_WAIT);
-    let holders_alive = ns::wait_all_gone(&holders, KILL_WAIT);
-    if let Some(h) = holders_alive.first() {
-        return Err(io_error(
-            format!("killing the namespace of process {}", h.init),
-            io::Error::new(io::ErrorKind::TimedOut, "still running 5 s after SIGKILL"),
-        ));
-    }
     if !alive.is_empty() {
         // Keep the tombstone so the next sweep tries again.
         return Err(io_error(

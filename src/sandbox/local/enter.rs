@@ -1,0 +1,669 @@
+//! Starting a process inside a sandbox, through a helper that is this very program.
+//!
+//! Joining a holder's namespaces and dropping privileges must happen in the new process,
+//! between its fork and its exec. Done there in this process (`pre_exec`), every start would
+//! be a full `fork()` of a process with many threads, whose page tables the kernel copies;
+//! `posix_spawn`, which std uses otherwise, copies nothing but runs no code of ours in the
+//! child. So a sandbox process is started through a helper: this program again
+//! (`/proc/self/exe`), spawned cheaply, with a request on its command line. A hook that runs
+//! before `main` in every program linking this library (the CLI and every test binary)
+//! spots the request, carries it out, and never returns to `main`.
+//!
+//! The requests:
+//! - **enter**: join every namespace of a holder, change root and directory, and start the
+//!   command as a child (a PID namespace takes in only the children of a process that
+//!   joined it), which drops every privilege and execs. The helper stays outside as the
+//!   command's launcher: it reaps the command and ends as it ended (the shape of `nsenter
+//!   --fork`). That launcher outside is why a holder's PID 1 is killed before the command
+//!   groups (see `Holder::kill`).
+//! - **join**: open a holder's PID namespace (and user namespace) as fd 10 (and 11) and exec
+//!   the rest with them: a nested holder's bwrap, which joins them itself (`--pidns 10`).
+//! - **plain**: exec the rest.
+//!
+//! A holder's pid is checked to still name that holder after its namespaces are opened,
+//! through the same `/proc` entry, so a recycled pid never puts a process in someone else's
+//! namespace. Every request passes on nothing but stdio (and the fds `join` opens): fds the
+//! caller holds, or inherited from its own parent, close at the exec. The command's
+//! variables travel in the helper's environment under names of ours (which only root and
+//! the owner can read, unlike a command line), so none of them reaches the helper's own
+//! start as root (a loader variable such as LD_PRELOAD there would run code as root).
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use super::ns::Holder;
+use super::sys;
+
+/// The first argument that makes a program linking this library the helper. An option, so
+/// that a program in which the hook somehow did not run refuses it rather than acting on it.
+const REQUEST: &str = "--wmo-e2b-sandbox-helper";
+/// The prefix of the variables that carry the command's environment, numbered in order.
+const ENV_PREFIX: &str = "WMO_E2B_SANDBOX_ENV_";
+/// The fds `join` hands on: the PID namespace, then the user namespace (`ns` names them to
+/// bwrap).
+const JOINED_PID_FD: RawFd = 10;
+const JOINED_USER_FD: RawFd = 11;
+/// The exit statuses of a helper that failed before the command could run: could not enter
+/// (as `nsenter` or a join shell would), could not exec the command (as a shell would).
+const CANNOT_ENTER: i32 = 125;
+const CANNOT_EXEC: i32 = 127;
+
+/// How a sandbox process is started.
+pub(super) enum Request<'a> {
+    /// The command `argv` (its program by path, as the sandbox sees it) in every namespace
+    /// of `holder`, at `cwd`, with exactly `env`.
+    Enter {
+        holder: &'a Holder,
+        user_namespace: bool,
+        /// As root: the uid and gid to drop to. In a user namespace the command already is
+        /// the sandbox user, and its exec drops the capabilities joining gave it.
+        drop_to: Option<u32>,
+        /// A network namespace of the command's own, with only a loopback device, instead
+        /// of the holder's (the host's network).
+        own_network: bool,
+        cwd: &'a str,
+        env: &'a [(String, String)],
+        argv: &'a [&'a str],
+    },
+    /// `argv` with the holder's PID namespace on [`JOINED_PID_FD`] (and its user namespace
+    /// on [`JOINED_USER_FD`]).
+    Join {
+        holder: &'a Holder,
+        user_namespace: bool,
+        argv: &'a [OsString],
+    },
+    /// Just `argv`, with nothing of ours but stdio.
+    Plain { argv: &'a [OsString] },
+}
+
+impl Request<'_> {
+    /// The helper's command for this request: it inherits no variable of ours (`Plain` and
+    /// `Join` pass `env` on to their program; `Enter` sets the command's own).
+    pub fn command(&self, env: &[(&str, &str)]) -> Command {
+        // Referenced here so that whatever starts helpers links the hook in with it.
+        std::hint::black_box(&HELPER_HOOK);
+        let mut args: Vec<OsString> = vec![REQUEST.into()];
+        let mut c = Command::new("/proc/self/exe");
+        c.env_clear();
+        match self {
+            Request::Enter {
+                holder,
+                user_namespace,
+                drop_to,
+                own_network,
+                cwd,
+                env: command_env,
+                argv,
+            } => {
+                args.extend(["enter".into(), holder_arg(holder)]);
+                args.push(flag(*user_namespace, "u").into());
+                args.push(drop_to.map_or("-".into(), |id| id.to_string()).into());
+                args.push(flag(*own_network, "n").into());
+                args.push(cwd.into());
+                args.extend(argv.iter().map(OsString::from));
+                for (i, (k, v)) in command_env.iter().enumerate() {
+                    c.env(format!("{ENV_PREFIX}{i}"), format!("{k}={v}"));
+                }
+            }
+            Request::Join {
+                holder,
+                user_namespace,
+                argv,
+            } => {
+                args.extend(["join".into(), holder_arg(holder)]);
+                args.push(flag(*user_namespace, "u").into());
+                args.extend(argv.iter().cloned());
+            }
+            Request::Plain { argv } => {
+                args.push("plain".into());
+                args.extend(argv.iter().cloned());
+            }
+        }
+        if !matches!(self, Request::Enter { .. }) {
+            c.envs(env.iter().copied());
+        }
+        c.args(args);
+        c
+    }
+}
+
+fn holder_arg(h: &Holder) -> OsString {
+    format!("{}:{}", h.init, h.start_time).into()
+}
+
+fn flag(on: bool, name: &str) -> &str {
+    if on {
+        name
+    } else {
+        "-"
+    }
+}
+
+// The hook: glibc runs `.init_array` entries before `main`, in every program, with the
+// process still single-threaded.
+#[used]
+#[link_section = ".init_array"]
+static HELPER_HOOK: extern "C" fn() = helper_hook;
+
+extern "C" fn helper_hook() {
+    // Every other start of a program linking this library pays one read of its own
+    // command line.
+    let Ok(cmdline) = std::fs::read("/proc/self/cmdline") else {
+        return;
+    };
+    let Some(body) = cmdline.strip_suffix(b"\0") else {
+        return;
+    };
+    let mut args = body.split(|&b| b == 0).skip(1);
+    if args.next() != Some(REQUEST.as_bytes()) {
+        return;
+    }
+    let args: Vec<OsString> = args.map(|a| OsString::from_vec(a.to_vec())).collect();
+    let why = match serve(&args) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    };
+    eprintln!("wmo-e2b: {why}");
+    if why.code == GONE {
+        // Its sandbox was killed under it: the process ends as the sandbox's did.
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+    std::process::exit(why.code)
+}
+
+/// Why the helper could not do what it was asked, and the exit status that says so.
+#[derive(Debug)]
+struct Failure {
+    /// An exit status, or [`GONE`].
+    code: i32,
+    what: String,
+}
+
+/// Not an exit status: the holder's namespace is gone (the sandbox killed under a starting
+/// process), and the helper dies of SIGKILL as everything in it did.
+const GONE: i32 = -1;
+
+fn gone() -> Failure {
+    Failure {
+        code: GONE,
+        what: "the sandbox's namespace is gone".into(),
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+fn cannot_enter(what: impl std::fmt::Display) -> Failure {
+    Failure {
+        code: CANNOT_ENTER,
+        what: what.to_string(),
+    }
+}
+
+enum Never {}
+
+/// Carries out a request; returns only on failure.
+fn serve(args: &[OsString]) -> Result<Never, Failure> {
+    let bad = || cannot_enter("a malformed sandbox helper request");
+    let (kind, rest) = args.split_first().ok_or_else(bad)?;
+    match kind.as_bytes() {
+        b"plain" => {
+            only_stdio().map_err(cannot_enter)?;
+            exec(rest)
+        }
+        b"join" => {
+            let [holder, user, argv @ ..] = rest else {
+                return Err(bad());
+            };
+            let opened = open_holder(holder, user == "u", false)?;
+            only_stdio().map_err(cannot_enter)?;
+            hand_on(&opened.pid, JOINED_PID_FD)?;
+            if let Some(u) = &opened.user {
+                hand_on(u, JOINED_USER_FD)?;
+            }
+            exec(argv)
+        }
+        b"enter" => {
+            let [holder, user, drop_to, net, cwd, argv @ ..] = rest else {
+                return Err(bad());
+            };
+            let drop_to = match drop_to.as_bytes() {
+                b"-" => None,
+                id => Some(
+                    std::str::from_utf8(id)
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(bad)?,
+                ),
+            };
+            let opened = open_holder(holder, user == "u", true)?;
+            only_stdio().map_err(cannot_enter)?;
+            enter(&opened, drop_to, net == "n", cwd, argv)
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// A holder's namespaces, opened close-on-exec.
+struct Opened {
+    /// The holder's `/proc` entry: readable for as long as that very process lives.
+    entry: File,
+    pid: OwnedFd,
+    user: Option<OwnedFd>,
+    /// Mount, IPC, UTS and the root directory, for `enter`.
+    rest: Option<[OwnedFd; 4]>,
+}
+
+/// Opens the namespaces of the holder named `PID:START_TIME`, then checks through the same
+/// `/proc` entry that the pid still names that holder.
+fn open_holder(named: &OsStr, user: bool, every: bool) -> Result<Opened, Failure> {
+    let (pid, start_time) = named
+        .to_str()
+        .and_then(|s| s.split_once(':'))
+        .and_then(|(p, t)| Some((p.parse::<u32>().ok()?, t.parse::<u64>().ok()?)))
+        .ok_or_else(|| cannot_enter("a malformed holder in a sandbox helper request"))?;
+    let entry = File::open(format!("/proc/{pid}")).map_err(|_| gone())?;
+    let at = |name: &str| open_at(&entry, name).map_err(|_| gone());
+    let pid = at("ns/pid")?;
+    let user = if user { Some(at("ns/user")?) } else { None };
+    let rest = if every {
+        Some([at("ns/mnt")?, at("ns/ipc")?, at("ns/uts")?, at("root")?])
+    } else {
+        None
+    };
+    let mut stat = String::new();
+    File::from(at("stat")?)
+        .take(4096)
+        .read_to_string(&mut stat)
+        .map_err(|_| gone())?;
+    match sys::parse_stat(&stat) {
+        Some(s) if s.start_time == start_time => Ok(Opened {
+            entry,
+            pid,
+            user,
+            rest,
+        }),
+        _ => Err(gone()),
+    }
+}
+
+impl Opened {
+    fn holder_lives(&self) -> bool {
+        open_at(&self.entry, "stat").is_ok()
+    }
+}
+
+/// Opens `name` beneath the open directory `dir`, close-on-exec.
+fn open_at(dir: &File, name: &str) -> io::Result<OwnedFd> {
+    let c = CString::new(name).map_err(io::Error::other)?;
+    // SAFETY: a valid directory fd and C string; the fd returned is ours alone.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just opened, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Puts `fd` on `number`, to be inherited by the program exec'd next.
+fn hand_on(fd: &OwnedFd, number: RawFd) -> Result<(), Failure> {
+    // SAFETY: dup2 onto a number we own from here on; the duplicate is not close-on-exec.
+    if unsafe { libc::dup2(fd.as_raw_fd(), number) } == -1 {
+        return Err(cannot_enter(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Execs `argv` in this process, with this process's environment.
+fn exec(argv: &[OsString]) -> Result<Never, Failure> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| cannot_enter("no program to run"))?;
+    let err = Command::new(program).args(args).exec();
+    Err(Failure {
+        code: CANNOT_EXEC,
+        what: format!("cannot run {}: {err}", program.to_string_lossy()),
+    })
+}
+
+/// The command's environment, from the numbered variables it travelled in.
+fn command_env() -> Vec<CString> {
+    let mut numbered: Vec<(usize, OsString)> = std::env::vars_os()
+        .filter_map(|(k, v)| {
+            let n = k.to_str()?.strip_prefix(ENV_PREFIX)?.parse().ok()?;
+            Some((n, v))
+        })
+        .collect();
+    numbered.sort_by_key(|(n, _)| *n);
+    numbered
+        .into_iter()
+        .filter_map(|(_, v)| CString::new(v.into_vec()).ok())
+        .collect()
+}
+
+/// Joins every namespace, starts the command as a child and becomes its launcher.
+fn enter(
+    opened: &Opened,
+    drop_to: Option<u32>,
+    own_network: bool,
+    cwd: &OsStr,
+    argv: &[OsString],
+) -> Result<Never, Failure> {
+    let Some([mnt, ipc, uts, root]) = &opened.rest else {
+        return Err(cannot_enter("the namespaces were not opened to enter"));
+    };
+    let c = |s: &OsStr| CString::new(s.as_bytes()).map_err(cannot_enter);
+    let argv: Vec<CString> = argv.iter().map(|a| c(a)).collect::<Result<_, _>>()?;
+    let program = argv
+        .first()
+        .ok_or_else(|| cannot_enter("no program to run"))?;
+    let envp = command_env();
+    let cwd = c(cwd)?;
+    let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
+        v.iter()
+            .map(|s| s.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let (argv_ptrs, envp_ptrs) = (ptrs(&argv), ptrs(&envp));
+    let step = |what: &str, rc: libc::c_int| {
+        if rc == -1 {
+            Err(cannot_enter(format!(
+                "cannot {what}: {}",
+                io::Error::last_os_error()
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: plain system calls on fds and C strings we own; this process is the helper,
+    // single-threaded.
+    unsafe {
+        if let Some(user) = &opened.user {
+            step(
+                "join the user namespace",
+                libc::setns(user.as_raw_fd(), libc::CLONE_NEWUSER),
+            )?;
+        }
+        for (fd, kind, what) in [
+            (ipc, libc::CLONE_NEWIPC, "join the IPC namespace"),
+            (uts, libc::CLONE_NEWUTS, "join the UTS namespace"),
+            (&opened.pid, libc::CLONE_NEWPID, "join the PID namespace"),
+            (mnt, libc::CLONE_NEWNS, "join the mount namespace"),
+        ] {
+            step(what, libc::setns(fd.as_raw_fd(), kind))?;
+        }
+        step("enter the sandbox's root", libc::fchdir(root.as_raw_fd()))?;
+        step("enter the sandbox's root", libc::chroot(c".".as_ptr()))?;
+        step(
+            &format!("enter {}", cwd.to_string_lossy()),
+            libc::chdir(cwd.as_ptr()),
+        )?;
+        match libc::fork() {
+            // A PID namespace whose PID 1 has died takes in no process.
+            -1 if !opened.holder_lives() => Err(gone()),
+            -1 => Err(cannot_enter(format!(
+                "cannot start the command: {}",
+                io::Error::last_os_error()
+            ))),
+            0 => {
+                if own_network
+                    && (libc::unshare(libc::CLONE_NEWNET) == -1 || loopback_up().is_err())
+                {
+                    fail(
+                        b"wmo-e2b: cannot make the command's network namespace\n",
+                        CANNOT_ENTER,
+                    );
+                }
+                if drop_privileges(drop_to).is_err() {
+                    fail(
+                        b"wmo-e2b: cannot drop the command's privileges\n",
+                        CANNOT_ENTER,
+                    );
+                }
+                libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
+                fail(b"wmo-e2b: cannot start the command\n", CANNOT_EXEC)
+            }
+            command => launcher(command),
+        }
+    }
+}
+
+/// Says why on stderr and exits, in the command's process before its exec.
+unsafe fn fail(why: &[u8], code: libc::c_int) -> ! {
+    libc::write(2, why.as_ptr().cast(), why.len());
+    libc::_exit(code)
+}
+
+/// What `setpriv --reuid --regid --clear-groups --inh-caps=-all --bounding-set=-all
+/// --no-new-privs` does, as bwrap does for the processes it starts: nothing the command
+/// execs can gain a privilege.
+unsafe fn drop_privileges(drop_to: Option<u32>) -> io::Result<()> {
+    // The bounding set first: emptying it takes CAP_SETPCAP, which the uid change ends.
+    for cap in 0..64 {
+        if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) == -1 {
+            match io::Error::last_os_error().raw_os_error() {
+                // Past the last capability this kernel knows.
+                Some(libc::EINVAL) => break,
+                _ => return Err(io::Error::last_os_error()),
+            }
+        }
+    }
+    if let Some(id) = drop_to {
+        check(libc::setgroups(0, std::ptr::null()))?;
+        check(libc::setresgid(id, id, id))?;
+        check(libc::setresuid(id, id, id))?;
+    }
+    clear_capabilities()?;
+    check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+}
+
+/// Empties the permitted, effective and inheritable capability sets (`capset` v3).
+unsafe fn clear_capabilities() -> io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Brings up the loopback device of a new network namespace (it starts down).
+unsafe fn loopback_up() -> io::Result<()> {
+    let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+    if sock == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut req: libc::ifreq = std::mem::zeroed();
+    for (to, from) in req.ifr_name.iter_mut().zip(b"lo") {
+        *to = *from as libc::c_char;
+    }
+    let mut result = check(libc::ioctl(sock, libc::SIOCGIFFLAGS as _, &mut req));
+    if result.is_ok() {
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        result = check(libc::ioctl(sock, libc::SIOCSIFFLAGS as _, &req));
+    }
+    libc::close(sock);
+    result
+}
+
+/// The launcher: holds nothing of the command's, waits for it and ends as it ended.
+unsafe fn launcher(command: libc::pid_t) -> ! {
+    close_from(0);
+    let mut status = 0;
+    loop {
+        if libc::waitpid(command, &mut status, 0) == command {
+            break;
+        }
+        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            libc::_exit(CANNOT_ENTER);
+        }
+    }
+    if libc::WIFEXITED(status) {
+        libc::_exit(libc::WEXITSTATUS(status));
+    }
+    let signal = libc::WTERMSIG(status);
+    // Killed by a signal: die of it too (without a core file), so the caller sees the same.
+    let no_core = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+    libc::signal(signal, libc::SIG_DFL);
+    let mut set: libc::sigset_t = std::mem::zeroed();
+    libc::sigemptyset(&mut set);
+    libc::sigaddset(&mut set, signal);
+    libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    libc::kill(libc::getpid(), signal);
+    libc::_exit(128 + signal)
+}
+
+/// Marks every fd from 3 up close-on-exec: what the helper starts gets its stdio and
+/// nothing else (fds inherited from the caller's own parent included).
+fn only_stdio() -> io::Result<()> {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range takes plain integers.
+    if unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    } == 0
+    {
+        return Ok(());
+    }
+    // Kernels before 5.11: one fd at a time, up to the limit on open fds.
+    for fd in 3..max_fds() {
+        // SAFETY: fcntl on any number is harmless; unopened ones fail with EBADF.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    Ok(())
+}
+
+/// Closes every fd from `first` up.
+unsafe fn close_from(first: libc::c_uint) {
+    if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) == 0 {
+        return;
+    }
+    for fd in first as libc::c_int..max_fds() {
+        libc::close(fd);
+    }
+}
+
+/// One past the highest fd this process may have (bounded, for the fallbacks' loops).
+fn max_fds() -> libc::c_int {
+    // SAFETY: getrlimit writes into the struct we pass.
+    let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 1024;
+    }
+    libc::c_int::try_from(limit.rlim_cur.min(1 << 16)).unwrap_or(1024)
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_the_option_then_its_kind() {
+        let h = Holder {
+            init: 42,
+            start_time: 7,
+            group: 41,
+            group_start: 6,
+        };
+        let env = [("A".to_string(), "1".to_string())];
+        let c = Request::Enter {
+            holder: &h,
+            user_namespace: false,
+            drop_to: Some(1000),
+            own_network: true,
+            cwd: "/home/user",
+            env: &env,
+            argv: &["/bin/bash", "-c", "echo hi"],
+        }
+        .command(&[("PATH", "/bin")]);
+        let args: Vec<&OsStr> = c.get_args().collect();
+        assert_eq!(
+            args,
+            [
+                REQUEST,
+                "enter",
+                "42:7",
+                "-",
+                "1000",
+                "n",
+                "/home/user",
+                "/bin/bash",
+                "-c",
+                "echo hi"
+            ]
+        );
+        let envs: Vec<_> = c.get_envs().collect();
+        // The command's variables travel under our names; the caller's PATH does not reach
+        // the helper.
+        assert_eq!(
+            envs,
+            [(OsStr::new("WMO_E2B_SANDBOX_ENV_0"), Some(OsStr::new("A=1")))]
+        );
+    }
+
+    #[test]
+    fn malformed_requests_are_refused() {
+        let malformed: [&[OsString]; 4] = [
+            &[],
+            &["enter".into()],
+            &["join".into(), "x".into()],
+            &["join".into(), "1:2:3".into(), "-".into()],
+        ];
+        for args in malformed {
+            let Err(f) = serve(args);
+            assert_eq!(f.code, CANNOT_ENTER, "{args:?}");
+        }
+    }
+}
