@@ -585,8 +585,13 @@ fn stream_input_feeds_stdin_in_order() {
 fn file_routes_never_follow_a_symlink_out_of_the_sandbox() {
     let emu = start();
     let sbx = sandbox(&emu);
-    // Not under /tmp: in the sandbox /tmp is its own, so a link there stays inside.
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // Not under /tmp or /home/user: in the sandbox those are its own, so a link there stays
+    // inside (the checkout itself may be under /tmp).
+    let base = [env!("CARGO_TARGET_TMPDIR"), "/var/tmp"]
+        .into_iter()
+        .find(|b| !b.starts_with("/tmp") && !b.starts_with("/home/user"))
+        .unwrap();
+    let dir = tempfile::tempdir_in(base).unwrap();
     let secret = dir.path().join("secret.txt");
     std::fs::write(&secret, "TOP SECRET").unwrap();
     let target = dir.path().join("host.txt");
