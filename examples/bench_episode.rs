@@ -311,7 +311,7 @@ fn bench_task() -> Task {
 
 fn config(system: String, files: Map<String, Value>) -> EpisodeConfig {
     EpisodeConfig {
-        episode_id: wmo_e2b::eval::new_episode_id(),
+        episode_id: wmo_e2b::id::new_episode_id(),
         // The runner picks the user harness when the files hold `agent.mjs`.
         harness: if files.contains_key("agent.mjs") {
             "user".into()
@@ -556,7 +556,7 @@ fn soak(state: &Path, episodes: usize, harness: &str, files_json: &str, transcri
         let c1 = self_cpu_s();
         let reused = warm.reused;
         let mut cfg = base.clone();
-        cfg.episode_id = wmo_e2b::eval::new_episode_id();
+        cfg.episode_id = wmo_e2b::id::new_episode_id();
         let mut tr = if transcript == "file" {
             Transcript::append(&transcripts.join(format!("s{}.jsonl", i % 8))).unwrap()
         } else {

@@ -186,7 +186,7 @@ fn task() -> Task {
 
 fn config(harness: &str, system: String, files: Map<String, Value>) -> EpisodeConfig {
     EpisodeConfig {
-        episode_id: wmo_e2b::eval::new_episode_id(),
+        episode_id: wmo_e2b::id::new_episode_id(),
         harness: harness.into(),
         system,
         tools: environment::default_tools(),
@@ -500,7 +500,7 @@ fn cycle(
     let c1 = self_cpu_s();
     let reused = warm.reused;
     let mut cfg = side.cfg.clone();
-    cfg.episode_id = wmo_e2b::eval::new_episode_id();
+    cfg.episode_id = wmo_e2b::id::new_episode_id();
     let mut tr = if transcript == "file" {
         Transcript::append(
             &side

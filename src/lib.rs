@@ -3,13 +3,16 @@
 //! The binary (`src/main.rs`, `src/commands/`) only parses, wires and prints; everything a
 //! test needs to reach lives in these modules.
 
+pub mod backoff;
 pub mod cancel;
 pub mod channel;
 pub mod civil;
 pub mod emulator;
 pub mod environment;
 pub mod episode;
+pub mod errors;
 pub mod eval;
+pub mod id;
 pub mod project;
 pub mod provider;
 pub mod reap;
@@ -17,5 +20,6 @@ pub mod report;
 pub mod runner;
 pub mod sandbox;
 pub mod state;
+pub mod sync;
 pub mod task;
 pub mod tree;

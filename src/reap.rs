@@ -20,6 +20,7 @@ use crate::sandbox::ledger::{
     TAG_KIND, TAG_LEASE, TAG_OWNER,
 };
 use crate::sandbox::{Backend, Killed, Metadata, SandboxError, SandboxSummary};
+use crate::sync::lock;
 
 /// Parallel kills.
 pub const MAX_KILL_WORKERS: usize = 16;
@@ -253,14 +254,11 @@ pub fn execute(
                     break;
                 };
                 let outcome = reap_one(backend, state_dir, ledger.as_ref(), plan.started, c);
-                outcomes
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((i, outcome));
+                lock(&outcomes).push((i, outcome));
             });
         }
     });
-    let mut outcomes = outcomes.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut outcomes = crate::sync::into_inner(outcomes);
     outcomes.sort_by_key(|(i, _)| *i);
     outcomes.into_iter().map(|(_, o)| o).collect()
 }
@@ -299,7 +297,7 @@ fn reap_one(
             Ok(Killed::AlreadyGone) => outcome("already_gone", None),
             Err(e) => {
                 mark(ledger, c, LeaseState::CleanupFailed, Some(e.to_string()));
-                return outcome("failed", Some(crate::episode::error_chain(&e)));
+                return outcome("failed", Some(crate::errors::error_chain(&e)));
             }
         },
         _ => outcome("retired", None),

@@ -19,6 +19,7 @@ use super::frame::{self, frame_type, Frame};
 use super::lines::{LineBuffer, Piece};
 use super::stdio::{MAX_LINE, STDERR_LINES};
 use crate::sandbox::{ErrorClass, Process, ProcessEvent, Sandbox, SandboxError};
+use crate::sync::lock;
 
 /// How often the outbox is polled when stdout is quiet or gone.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -132,7 +133,7 @@ impl DurableChannel {
     }
 
     fn push_stderr(&self, line: String) {
-        let mut ring = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ring = lock(&self.stderr);
         if ring.len() == STDERR_LINES {
             ring.pop_front();
         }
@@ -141,13 +142,7 @@ impl DurableChannel {
 
     /// The last stderr lines: the stream's diagnostics and the runner's `stderr.log`.
     pub fn stderr_tail(&self) -> String {
-        let mut lines: Vec<String> = self
-            .stderr
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect();
+        let mut lines: Vec<String> = lock(&self.stderr).iter().cloned().collect();
         if let Ok(log) = self.sandbox.read_file(&format!("{}/stderr.log", self.root)) {
             lines.extend(String::from_utf8_lossy(&log).lines().map(str::to_string));
         }

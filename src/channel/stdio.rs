@@ -17,6 +17,7 @@ use super::frame::{self, frame_type, Frame};
 use super::lines::{LineBuffer, Piece};
 use super::renewal::LeaseRenewal;
 use crate::sandbox::{Process, ProcessEvent, Sandbox, SandboxError};
+use crate::sync::lock;
 
 /// Longest line the reader assembles; a longer one is skipped as a diagnostic.
 pub const MAX_LINE: usize = 64 << 20;
@@ -94,11 +95,11 @@ struct Shared {
 
 impl Shared {
     fn stderr(&self) -> MutexGuard<'_, VecDeque<String>> {
-        self.stderr.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.stderr)
     }
 
     fn renewal(&self) -> MutexGuard<'_, Option<LeaseRenewal>> {
-        self.renewal.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.renewal)
     }
 
     fn push_stderr(&self, line: String) {

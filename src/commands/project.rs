@@ -198,7 +198,7 @@ fn user_facing(e: ProjectError) -> anyhow::Error {
         | ProjectError::BadPath { .. }
         | ProjectError::Missing { .. }
         | ProjectError::Tree(_)
-        | ProjectError::Snapshot(_) => UsageError(wmo_e2b::episode::error_chain(&e)).into(),
+        | ProjectError::Snapshot(_) => UsageError(wmo_e2b::errors::error_chain(&e)).into(),
         other => anyhow::Error::new(other),
     }
 }

@@ -71,7 +71,7 @@ pub fn run(cmd: SandboxCommand) -> Result<Exit> {
                         failed += 1;
                         eprintln!(
                             "error: could not kill {id}: {}",
-                            wmo_e2b::episode::error_chain(&e)
+                            wmo_e2b::errors::error_chain(&e)
                         );
                     }
                 }

@@ -13,9 +13,10 @@ use serde_json::{json, Map, Value};
 
 use super::faults::CreateFault;
 use super::http::{query_unescape_strict, Request, Response};
-use super::lock;
-use super::server::{error_chain, NetworkState, SandboxEntry, Shared, CLIENT_ID, ENVD_VERSION};
+use super::server::{NetworkState, SandboxEntry, Shared, CLIENT_ID, ENVD_VERSION};
+use crate::errors::error_chain;
 use crate::sandbox::{Backend, CreateSpec, ErrorClass, Killed, Metadata, Sandbox, SandboxError};
+use crate::sync::lock;
 
 /// The longest timeout E2B accepts (a Pro team's 24 h).
 const MAX_TIMEOUT_SECS: i64 = 24 * 3600;
@@ -394,7 +395,11 @@ fn create_sandbox(
         internet: net.internet,
     };
     let created = shared.backend.create_local(&spec);
-    let token = if secure { random_hex(16).ok() } else { None };
+    let token = if secure {
+        crate::id::random_hex(16).ok()
+    } else {
+        None
+    };
     let mut table = lock(&shared.table);
     table.pending -= 1;
     let sandbox = created.map_err(|e| backend_error("", &e))?;
@@ -422,12 +427,6 @@ fn create_sandbox(
     }
     table.map.insert(id, Arc::clone(&entry));
     Ok(entry)
-}
-
-fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
-    let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The `Sandbox` object create and connect answer with.

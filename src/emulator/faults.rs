@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::lock;
+use crate::sync::lock;
 
 /// The seed used when none is given, so two runs without `--seed` inject the same faults.
 pub const DEFAULT_SEED: u64 = 1;

@@ -113,7 +113,7 @@ fn locate(
         SandboxError::BadPath { .. } => format!(
             "path '{e2b}' is outside /home/user, /tmp and {SYSTEM_DIR}: the emulator serves only these"
         ),
-        other => super::server::error_chain(&other),
+        other => crate::errors::error_chain(&other),
     })?;
     Ok((files, rel, e2b))
 }
@@ -165,7 +165,7 @@ pub(super) fn download(entry: &SandboxEntry, req: &Request) -> Response {
 /// A file operation's error as the local backend classifies it (a symlink out of the
 /// sandbox is named, never followed).
 fn fs_error(entry: &SandboxEntry, e2b: &str, what: &str, e: io::Error) -> String {
-    super::server::error_chain(&entry.sandbox.file_error(e2b, what, e))
+    crate::errors::error_chain(&entry.sandbox.file_error(e2b, what, e))
 }
 
 pub(super) fn upload(entry: &SandboxEntry, req: &Request) -> Response {
@@ -253,7 +253,7 @@ pub(super) fn upload(entry: &SandboxEntry, req: &Request) -> Response {
 }
 
 fn write_error(e2b: &str, e: &SandboxError) -> Response {
-    let text = super::server::error_chain(e);
+    let text = crate::errors::error_chain(e);
     let no_space = matches!(e, SandboxError::Io { source, .. }
         if source.raw_os_error() == Some(libc::ENOSPC));
     if no_space {

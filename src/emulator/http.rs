@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::lock;
+use crate::sync::lock;
 
 /// Longest request head (request line and headers) we read.
 const MAX_HEAD_BYTES: usize = 64 * 1024;

@@ -17,16 +17,8 @@ mod paths;
 mod process;
 mod server;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 pub use faults::{FaultCounts, FaultSpec, FaultSpecError, DEFAULT_SEED};
 pub use server::{
     AccessLog, Emulator, EmulatorConfig, EmulatorError, EmulatorHandle, Stats, StopReport,
     CLIENT_ID, ENVD_VERSION,
 };
-
-/// Locks a mutex, taking over the data if a panicking thread poisoned it: every structure
-/// guarded here stays consistent between statements.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}

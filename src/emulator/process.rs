@@ -20,12 +20,12 @@ use super::connect::{
 };
 use super::envd::{rpc_user, unary};
 use super::http::{ChunkedWriter, Request, Responder, Response};
-use super::lock;
 use super::paths;
 use super::server::{SandboxEntry, Shared};
 use crate::sandbox::local::LocalSandbox;
 use crate::sandbox::Role;
 use crate::sandbox::{shell_quote, ProcessEvent, Sandbox, SandboxError, SpawnOpts};
+use crate::sync::lock;
 
 /// How long an ended process can still be `Connect`ed to (envd's retention).
 const END_RETENTION: Duration = Duration::from_secs(30);
@@ -691,7 +691,7 @@ fn process_error(pid: u32, e: &SandboxError, what: &str) -> RpcError {
         SandboxError::Gone { .. } => RpcError::new(Code::Unavailable, e.to_string()),
         other => RpcError::new(
             Code::Internal,
-            format!("{what}: {}", super::server::error_chain(other)),
+            format!("{what}: {}", crate::errors::error_chain(other)),
         ),
     }
 }

@@ -17,9 +17,11 @@ use serde::Serialize;
 use super::faults::{FaultCounts, FaultSpec, Faults, DEFAULT_SEED};
 use super::http::{self, Handler, Request, Responder, Server};
 use super::process::ProcHub;
-use super::{control, envd, lock};
+use super::{control, envd};
+use crate::errors::error_chain;
 use crate::sandbox::local::{Isolation, IsolationChoice, LocalBackend, LocalOptions, LocalSandbox};
 use crate::sandbox::{Backend, Killed, Metadata, Sandbox, SandboxError};
+use crate::sync::lock;
 
 /// The constant `clientID` the real API still returns.
 pub const CLIENT_ID: &str = "6532622b";
@@ -253,18 +255,6 @@ impl Drop for EmulatorHandle {
     fn drop(&mut self) {
         self.stop_inner();
     }
-}
-
-/// An error and its sources, one line.
-pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// A sandbox this emulator created, with what E2B reports about it.

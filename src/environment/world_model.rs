@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use super::{EnvError, Environment, ToolOutput};
 use crate::cancel::CancelToken;
 use crate::provider::{ModelCall, Provider};
+use crate::sync::lock;
 use crate::task::Task;
 
 /// Characters of earlier observations the simulator is shown, newest kept.
@@ -42,7 +43,7 @@ impl WorldModelEnvironment {
     }
 
     fn prompt(&self, name: &str, args: &Map<String, Value>) -> Value {
-        let history = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        let history = lock(&self.history);
         let mut earlier = String::new();
         for (call, observation) in history.iter().rev() {
             let entry = format!("### {call}\n{observation}\n\n");
@@ -95,7 +96,7 @@ impl Environment for WorldModelEnvironment {
             return Ok(ToolOutput::error("interrupted"));
         }
         let body = self.prompt(name, args);
-        let index = self.history.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let index = lock(&self.history).len();
         let call = ModelCall {
             task: &self.world_task,
             index,
@@ -110,14 +111,11 @@ impl Environment for WorldModelEnvironment {
             Err(e) => {
                 return Ok(ToolOutput::error(format!(
                     "the world model could not answer: {}",
-                    crate::episode::error_chain(&e)
+                    crate::errors::error_chain(&e)
                 )))
             }
         };
-        self.history
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((describe(name, args), observation.clone()));
+        lock(&self.history).push((describe(name, args), observation.clone()));
         Ok(ToolOutput::ok(observation))
     }
 }

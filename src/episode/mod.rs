@@ -16,6 +16,7 @@ use serde_json::{json, Map, Value};
 use crate::cancel::CancelToken;
 use crate::channel::{frame_type, ChannelError, Frame, StdioChannel};
 use crate::environment::{EnvError, Environment, ToolOutput, ENV_TOOLS};
+use crate::errors::error_chain;
 use crate::provider::{FailureScope, ModelCall, Provider, Usage};
 use crate::task::Task;
 pub use transcript::Transcript;
@@ -534,22 +535,4 @@ impl Broker<'_, '_> {
 
 fn req_id(frame: &Frame) -> Option<u64> {
     frame.get("req_id").and_then(Value::as_u64)
-}
-
-/// An error and its causes on one line, capped so one bad provider cannot flood a frame.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        cur = s.source();
-    }
-    let collapsed: String = msg.split_whitespace().collect::<Vec<_>>().join(" ");
-    if collapsed.chars().count() > 500 {
-        let cut: String = collapsed.chars().take(500).collect();
-        format!("{cut}... (truncated)")
-    } else {
-        collapsed
-    }
 }

@@ -18,12 +18,14 @@ use serde_json::Map;
 use crate::cancel::CancelToken;
 use crate::environment::{self, Environment, SandboxEnvironment, WorldModelEnvironment};
 use crate::episode::{
-    self, error_chain, Episode, EpisodeConfig, EpisodeOutcome, StopReason, TokenMeter, Transcript,
+    self, Episode, EpisodeConfig, EpisodeOutcome, StopReason, TokenMeter, Transcript,
 };
+use crate::errors::error_chain;
 use crate::provider::Provider;
 use crate::sandbox::pool::{Pool, PoolError, PoolUsage, Warm};
 use crate::sandbox::shell_quote;
 use crate::sandbox::{ErrorClass, RunOpts, SandboxError};
+use crate::sync::lock;
 use crate::task::Task;
 pub use results::{ResultsWriter, Status, TaskRecord};
 use results::{Retries, SandboxRecord, Timings, VerifyRecord};
@@ -244,7 +246,7 @@ pub fn run(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
             });
         });
     });
-    let mut summary = summary.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut summary = crate::sync::into_inner(summary);
     if let Err(e) = run.pool.close() {
         summary.cleanup_error = Some(error_chain(&e));
     }
@@ -256,10 +258,6 @@ pub fn run(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     summary.fatal = run.fatal.get().cloned();
     summary.wall_seconds = started.elapsed().as_secs_f64();
     Ok(summary)
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What one attempt produced.
@@ -437,7 +435,7 @@ fn episode_in(
     // The episode.
     let tools = environment::default_tools();
     let config = EpisodeConfig {
-        episode_id: new_episode_id(),
+        episode_id: crate::id::new_episode_id(),
         harness: run.harness.name().to_string(),
         system: environment::system_prompt(&ws, &tools),
         tools,
@@ -762,17 +760,4 @@ fn outcome_record(
         },
         error,
     }
-}
-
-/// 32 lowercase hex characters, unique per episode.
-pub fn new_episode_id() -> String {
-    let mut bytes = [0u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
-        // Uniqueness within this host is all an episode id needs.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        bytes = (nanos ^ u128::from(std::process::id())).to_le_bytes();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

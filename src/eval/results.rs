@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use serde::Serialize;
 
 use crate::episode::TokenMeter;
+use crate::sync::lock;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -137,7 +138,7 @@ impl ResultsWriter {
             source: e.into(),
         })?;
         line.push(b'\n');
-        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let mut file = lock(&self.file);
         file.write_all(&line)
             .and_then(|()| file.flush())
             .map_err(|source| ResultsError::Write {
@@ -148,7 +149,7 @@ impl ResultsWriter {
 
     /// Forces everything to stable storage.
     pub fn sync(&self) -> Result<(), ResultsError> {
-        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let file = lock(&self.file);
         file.sync_all().map_err(|source| ResultsError::Write {
             path: self.path.clone(),
             source,

@@ -18,7 +18,8 @@ use crate::cancel::CancelToken;
 use crate::channel::durable::{DurableChannel, DurableError};
 use crate::channel::{frame_type, Frame};
 use crate::environment::{default_tools, ToolOutput};
-use crate::episode::{error_chain, TokenMeter};
+use crate::episode::TokenMeter;
+use crate::errors::error_chain;
 use crate::provider::{ModelCall, Provider};
 use crate::sandbox::{ErrorClass, SpawnOpts};
 use crate::task::Task;
@@ -202,7 +203,7 @@ fn one_turn(
 fn start_live_runner(project: &Project, opts: &TurnOptions) -> Result<DurableChannel, TurnError> {
     let sandbox = project.sandbox().clone();
     let dir = crate::runner::runner_dir(sandbox.as_ref());
-    let outbox = format!("outbox-{}", crate::eval::new_episode_id());
+    let outbox = format!("outbox-{}", crate::id::new_episode_id());
     let root = format!("{dir}/{outbox}");
     let sandbox_err = |what: &str| {
         let what = what.to_string();
@@ -262,14 +263,14 @@ impl Turn<'_> {
         let tools = self.tools();
         let system = crate::environment::system_prompt(&self.project.workspace(), &tools);
         ch.send(
-            &json!({"type": "session_start", "session_id": crate::eval::new_episode_id(),
+            &json!({"type": "session_start", "session_id": crate::id::new_episode_id(),
             "system": system, "tools": tools, "turn_cap": self.opts.turn_cap,
             "max_output_tokens": self.opts.max_output_tokens, "conversation_scope": "turn"}),
         )
         .map_err(TurnError::Channel)?;
         // The session is ready at its first idle.
         self.wait_state(ch, |f| f["status"] == "idle", self.opts.hello_timeout)?;
-        let msg_id = crate::eval::new_episode_id();
+        let msg_id = crate::id::new_episode_id();
         log(
             self.events,
             "user_message",

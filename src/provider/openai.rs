@@ -7,13 +7,13 @@
 
 use std::fmt;
 use std::io::Read;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use ureq::http::HeaderMap;
 
 use super::{Completion, ModelCall, Provider, ProviderError, Usage};
+use crate::backoff::Backoff;
 
 /// The longest a `Retry-After` header may make a call wait: a server asking for minutes is
 /// better served by the episode failing visibly than by a worker silently parked.
@@ -217,7 +217,11 @@ impl OpenAiProvider {
 impl Provider for OpenAiProvider {
     fn complete(&self, call: &ModelCall<'_>) -> Result<Completion, ProviderError> {
         let body = self.request_body(call.body)?;
-        let mut backoff = Backoff::new(self.config.backoff_base, self.config.max_retries);
+        let mut backoff = Backoff::doubling(
+            self.config.backoff_base,
+            MAX_BACKOFF,
+            self.config.max_retries,
+        );
         loop {
             // An HTTP request in flight cannot be interrupted (it is bounded by the timeout),
             // but a cancelled run starts no new one.
@@ -386,104 +390,9 @@ fn parse_http_date(s: &str) -> Option<SystemTime> {
     UNIX_EPOCH.checked_add(Duration::from_secs(secs))
 }
 
-/// The waits between attempts: `base`, `2·base`, `4·base`… capped at `MAX_BACKOFF`, each
-/// scaled by a jitter factor in (0.5, 1.0] so workers throttled together do not retry in
-/// lockstep. Yields exactly `retries` waits, which is what bounds the retry loop.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    base: Duration,
-    retries: u32,
-    taken: u32,
-}
-
-impl Backoff {
-    pub fn new(base: Duration, retries: u32) -> Self {
-        Self {
-            base,
-            retries,
-            taken: 0,
-        }
-    }
-
-    /// Waits handed out so far, i.e. retries made.
-    pub fn taken(&self) -> u32 {
-        self.taken
-    }
-}
-
-impl Iterator for Backoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        if self.taken >= self.retries {
-            return None;
-        }
-        let delay = backoff_delay(self.base, self.taken, jitter_factor());
-        self.taken += 1;
-        Some(delay)
-    }
-}
-
-/// The wait before retry number `retry` (0-based), given a jitter factor.
-pub fn backoff_delay(base: Duration, retry: u32, jitter: f64) -> Duration {
-    // 2^30 * base passes any sane cap; the `min` keeps the shift in range.
-    let doubled = base.saturating_mul(1u32 << retry.min(30));
-    doubled.min(MAX_BACKOFF).mul_f64(jitter.clamp(0.0, 1.0))
-}
-
-/// A factor in (0.5, 1.0]. Jitter only needs to differ between threads and moments, not to be
-/// unpredictable: clock nanoseconds plus a shared counter, mixed by splitmix64.
-fn jitter_factor() -> f64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let clock = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mut x = clock ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^= x >> 31;
-    // 53 random bits as a float in [0, 1), mapped onto (0.5, 1.0].
-    let unit = (x >> 11) as f64 / (1u64 << 53) as f64;
-    1.0 - 0.5 * unit
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_caps_and_stops() {
-        let base = Duration::from_millis(500);
-        let full: Vec<Duration> = (0..8).map(|n| backoff_delay(base, n, 1.0)).collect();
-        assert_eq!(
-            full[..4],
-            [
-                Duration::from_millis(500),
-                Duration::from_secs(1),
-                Duration::from_secs(2),
-                Duration::from_secs(4)
-            ]
-        );
-        assert_eq!(full[7], MAX_BACKOFF);
-        assert_eq!(backoff_delay(base, u32::MAX, 1.0), MAX_BACKOFF);
-        assert_eq!(backoff_delay(base, 1, 0.5), Duration::from_millis(500));
-
-        let waits: Vec<Duration> = Backoff::new(base, 3).collect();
-        assert_eq!(waits.len(), 3);
-        for (n, w) in waits.iter().enumerate() {
-            let full = backoff_delay(base, n as u32, 1.0);
-            assert!(*w > full / 2 && *w <= full, "{w:?} vs {full:?}");
-        }
-        assert_eq!(Backoff::new(base, 0).next(), None);
-    }
-
-    #[test]
-    fn jitter_stays_in_range() {
-        for _ in 0..1_000 {
-            let j = jitter_factor();
-            assert!(j > 0.5 && j <= 1.0, "{j}");
-        }
-    }
 
     #[test]
     fn retry_after_forms() {

@@ -16,6 +16,7 @@ use super::{
     Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, Process, ProcessInfo, Result,
     RunOpts, Sandbox, SandboxError, SandboxSummary, SpawnOpts,
 };
+use crate::sync::lock;
 
 struct Tracker {
     ledger: Ledger,
@@ -25,7 +26,7 @@ struct Tracker {
 
 impl Tracker {
     fn leases(&self) -> MutexGuard<'_, HashMap<String, LeaseRecord>> {
-        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.leases)
     }
 
     /// Records a later deadline. The recorded one runs [`DEADLINE_SLACK_SECS`] ahead of the

@@ -318,15 +318,7 @@ pub fn unix_now() -> u64 {
 }
 
 fn new_lease_id() -> String {
-    let mut bytes = [0u8; 12];
-    if getrandom::fill(&mut bytes).is_err() {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        bytes.copy_from_slice(&nanos.to_le_bytes()[..12]);
-    }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("ls-{hex}")
+    format!("ls-{}", crate::id::unique_hex(12))
 }
 
 fn host_name() -> String {

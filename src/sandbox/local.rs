@@ -43,7 +43,7 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -61,17 +61,12 @@ use super::{
     Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
     SandboxSummary,
 };
+use crate::sync::lock;
 
 /// How often the watcher looks for sandboxes whose deadline passed.
 const WATCH_PERIOD: Duration = Duration::from_millis(250);
 /// A `.new-` directory this old belongs to a create that crashed.
 const STALE_STAGING: Duration = Duration::from_secs(600);
-
-/// Locks a mutex, taking over the data if a panicking thread poisoned it: every structure
-/// guarded here stays consistent between statements.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// How a local backend makes sandboxes.
 #[derive(Debug, Clone, Default)]

@@ -12,9 +12,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Backend, CreateSpec, Killed, Sandbox, SandboxError};
+use super::{Backend, CreateSpec, Sandbox, SandboxError};
+use crate::backoff::{with_retries, Backoff};
 use crate::channel::{LeaseRenewal, StdioChannel};
 use crate::runner::{self, BootstrapOpts, RunnerError};
+use crate::sync::lock;
 
 /// Parallel kills at `close`.
 pub const MAX_RETIRE_WORKERS: usize = 16;
@@ -150,7 +152,7 @@ impl Pool {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// The absolute workspace directory of `sandbox`.
@@ -277,27 +279,22 @@ impl Pool {
         let Some(owner) = self.state().live.get(&id).map(|l| l.retiring.clone()) else {
             return Ok(());
         };
-        let _owner = owner.lock().unwrap_or_else(|p| p.into_inner());
+        let _owner = lock(&owner);
         // Another retirer may have proven the kill while we waited.
         if !self.state().live.contains_key(&id) {
             return Ok(());
         }
-        let mut last = None;
-        for attempt in 0..=KILL_RETRY_DELAYS.len() {
-            match self.backend.kill(&id) {
-                Ok(Killed::Now | Killed::AlreadyGone) => {
-                    last = None;
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-            if let Some(d) = KILL_RETRY_DELAYS.get(attempt) {
-                std::thread::sleep(*d);
-            }
-        }
-        if let Some(source) = last {
-            return Err(PoolError::Kill { id, source });
-        }
+        with_retries(
+            Backoff::fixed(&KILL_RETRY_DELAYS),
+            &std::thread::sleep,
+            || self.backend.kill(&id),
+            |_| true,
+            |_, _| {},
+        )
+        .map_err(|source| PoolError::Kill {
+            id: id.clone(),
+            source,
+        })?;
         let mut st = self.state();
         if let Some(live) = st.live.remove(&id) {
             st.retired_seconds += live.started.elapsed().as_secs_f64();
@@ -333,15 +330,12 @@ impl Pool {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(sb) = sandboxes.get(i) else { break };
                     if let Err(PoolError::Kill { id, source }) = self.retire(sb) {
-                        failures
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push((id, source));
+                        lock(&failures).push((id, source));
                     }
                 });
             }
         });
-        let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+        let mut failures = crate::sync::into_inner(failures);
         if failures.is_empty() {
             return Ok(());
         }

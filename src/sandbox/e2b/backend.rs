@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ureq::Agent;
@@ -14,12 +14,23 @@ use super::envd::Envd;
 use super::error::Limits;
 use super::gate::{shared_gate, Clock, CreateGate, CreateRejected, Slots, SystemClock};
 use super::process::Readers;
-use super::retry::{with_retries, Backoff, CREATE_RETRY_DELAYS, KILL_RETRY_DELAYS};
 use super::sandbox::E2bSandbox;
+use crate::backoff::{with_retries, Backoff};
 use crate::sandbox::{
     Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
     SandboxSummary,
 };
+use crate::sync::lock;
+
+/// Waits between a create's capacity retries: 4 attempts in all.
+pub const CREATE_RETRY_DELAYS: [Duration; 3] = [
+    Duration::from_secs(1),
+    Duration::from_secs(3),
+    Duration::from_secs(9),
+];
+/// Waits between kill attempts: 3 attempts in all.
+pub const KILL_RETRY_DELAYS: [Duration; 2] =
+    [Duration::from_millis(100), Duration::from_millis(500)];
 
 /// How the backend behaves; every wait it makes is bounded by one of these.
 #[derive(Debug, Clone)]
@@ -124,10 +135,6 @@ struct Counters {
 
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// E2B cloud (or anything speaking its protocol, like `wmo-e2b emulator`).

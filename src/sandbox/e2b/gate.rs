@@ -2,7 +2,8 @@
 //! 5 creates/s per team; we default to 4) and a cap on live sandboxes. Both wait a bounded
 //! time and then refuse with a typed error instead of queueing without end.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use crate::sync::lock;
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 /// Why a create was refused before any request was sent.
@@ -38,10 +39,6 @@ impl Clock for SystemClock {
     fn sleep(&self, d: Duration) {
         std::thread::sleep(d);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Admits creates at most once per `interval`, in arrival order.

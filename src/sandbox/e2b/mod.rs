@@ -12,7 +12,6 @@
 //! process.rs   process streams to ProcessEvents (reader threads) and foreground collection
 //! error.rs     classification of statuses, Connect codes and failed exchanges
 //! gate.rs      the create-rate gate and the live-sandbox cap
-//! retry.rs     the retry schedule
 //! backend.rs   E2bBackend (Backend)
 //! sandbox.rs   E2bSandbox (Sandbox)
 //! ```
@@ -27,7 +26,6 @@ pub mod envelope;
 pub mod error;
 pub mod gate;
 mod process;
-pub mod retry;
 mod reuse;
 mod sandbox;
 

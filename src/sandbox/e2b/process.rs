@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, SendTimeoutError, Sender};
@@ -11,16 +11,13 @@ use crossbeam_channel::{bounded, Receiver, SendTimeoutError, Sender};
 use super::envd::{Envd, EventStream, StreamEvent};
 use super::error::{EnvdFailure, Subject};
 use crate::sandbox::{Captured, ProcessEvent};
+use crate::sync::lock;
 
 /// Events buffered per stream before the reader stops reading (and envd, in turn, stops the
 /// process's output): backpressure, never loss.
 const EVENT_BUFFER: usize = 64;
 /// How often a delivery blocked on a slow consumer checks whether a newer stream replaced it.
 const RETARGET_POLL: Duration = Duration::from_millis(100);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// Which reader owns each process's output. envd fans output out to every attached stream and
 /// waits for the slowest, so a stream whose consumer went away without dropping its receiver

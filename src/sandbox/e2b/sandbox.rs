@@ -15,6 +15,7 @@ use super::reuse;
 use crate::sandbox::{
     Output, Process, ProcessInfo, Result, Role, RunOpts, Sandbox, SandboxError, SpawnOpts,
 };
+use crate::sync::lock;
 
 /// The home of E2B's default user, where templates keep user files.
 pub const HOME: &str = "/home/user";
@@ -400,10 +401,6 @@ fn process_list(answer: &Value) -> Vec<ProcessInfo> {
             Some(ProcessInfo { pid, cmd })
         })
         .collect()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn check_path(path: &str) -> Result<()> {

@@ -457,9 +457,7 @@ fn check(b: &Bwrap) -> Result<(), String> {
 
 /// A fresh private directory under the system temp directory for the probe.
 fn tempfile_dir() -> io::Result<PathBuf> {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
-    let name: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let name = crate::id::random_hex(8).map_err(|e| io::Error::other(e.to_string()))?;
     let dir = std::env::temp_dir().join(format!("wmo-e2b-probe-{name}"));
     std::fs::create_dir(&dir)?;
     Ok(dir)

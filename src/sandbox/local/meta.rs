@@ -194,12 +194,10 @@ pub(super) fn is_id(s: &str) -> bool {
 }
 
 fn random_hex(bytes: usize) -> io::Result<String> {
-    let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf).map_err(|e| match e.raw_os_error() {
+    crate::id::random_hex(bytes).map_err(|e| match e.raw_os_error() {
         Some(errno) => io::Error::from_raw_os_error(errno),
         None => io::Error::other(format!("no randomness: {e}")),
-    })?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+    })
 }
 
 pub(super) fn now_ms() -> u64 {

@@ -22,10 +22,11 @@ use super::isolation::Bwrap;
 use super::meta::{self, ProcRecord};
 use super::ns::Space;
 use super::sandbox::{Mode, SandboxState};
-use super::{lock, sys};
+use super::sys;
 use crate::sandbox::{
     Captured, Output, Process, ProcessEvent, Result, Role, RunOpts, SandboxError,
 };
+use crate::sync::lock;
 
 /// Read size for process output: large, because a runner may stream megabytes of frames.
 const READ_CHUNK: usize = 64 * 1024;

@@ -20,8 +20,9 @@ use super::meta::{self, PROCS_DIR, ROOT_DIR, SEALED_DIR, TMP_DIR};
 use super::ns::{self, Space};
 use super::process::KILL_WAIT;
 use super::sandbox::{Mode, SandboxState};
-use super::{lock, sys};
+use super::sys;
 use crate::sandbox::{Result, Role, SandboxError};
+use crate::sync::lock;
 
 /// Files a sealed copy may hold at most; a home bigger than this is not worth copying back.
 const MAX_SEALED_ENTRIES: usize = 10_000;

@@ -12,11 +12,12 @@ use super::meta::{self, Meta, MetaError, META_FILE, PROCS_DIR, ROOT_DIR, SYSTEM_
 use super::ns::{self, Holder, Space};
 use super::process::{self, Launch, ProcEntry, ProcTable, KILL_WAIT, STDIN_WRITE_TIMEOUT};
 use super::reset::Sealed;
-use super::{lock, sys, teardown, HostConfig};
+use super::{sys, teardown, HostConfig};
 use crate::sandbox::{
     normalize_relative, ErrorClass, Killed, Output, Process, ProcessInfo, Result, RunOpts, Sandbox,
     SandboxError, SpawnOpts,
 };
+use crate::sync::lock;
 
 /// Largest file `read_file` returns; the trait hands back one buffer, so it must be bounded.
 const MAX_FILE_BYTES: u64 = 1 << 30;

@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::sandbox::SandboxError;
+use crate::sync::lock;
 
 /// How often a bounded wait for a killed group looks again.
 const GROUP_POLL: Duration = Duration::from_millis(5);
@@ -366,7 +367,7 @@ pub(super) fn program(name: &'static str) -> std::path::PathBuf {
         std::sync::Mutex<std::collections::HashMap<&'static str, std::path::PathBuf>>,
     > = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
+    let mut map = lock(cache);
     map.entry(name)
         .or_insert_with(|| {
             std::env::var_os("PATH")

@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use super::meta::{self, PROCS_DIR};
 use super::ns;
 use super::process::{ProcTable, KILL_WAIT};
-use super::{lock, sys};
+use super::sys;
 use crate::sandbox::{Result, SandboxError};
+use crate::sync::lock;
 
 pub(super) const TOMB_PREFIX: &str = ".dead-";
 pub(super) const STAGING_PREFIX: &str = ".new-";

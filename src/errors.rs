@@ -1,0 +1,42 @@
+//! How an error is told: one line, its causes after it.
+
+/// Bytes of an error line at most, so one bad peer cannot flood a frame or a record.
+const MAX_CHARS: usize = 500;
+
+/// An error and its causes on one line (`error: cause: cause`), whitespace collapsed and
+/// capped.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        cur = s.source();
+    }
+    let collapsed: String = msg.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.chars().count() > MAX_CHARS {
+        let cut: String = collapsed.chars().take(MAX_CHARS).collect();
+        format!("{cut}... (truncated)")
+    } else {
+        collapsed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer\n  failed")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn causes_follow_on_one_line_and_long_ones_are_cut() {
+        let e = Outer(std::io::Error::other("inner"));
+        assert_eq!(error_chain(&e), "outer failed: inner");
+        let long = Outer(std::io::Error::other("x".repeat(2000)));
+        let text = error_chain(&long);
+        assert!(text.ends_with("... (truncated)"));
+        assert_eq!(text.chars().count(), MAX_CHARS + "... (truncated)".len());
+    }
+}
