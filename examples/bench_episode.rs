@@ -28,11 +28,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 use wmo_e2b::cancel::CancelToken;
 use wmo_e2b::environment::{self, EnvError, Environment, SandboxEnvironment, ToolOutput};
-use wmo_e2b::episode::{self, Episode, EpisodeConfig, StopReason, Transcript};
+use wmo_e2b::episode::{self, Episode, EpisodeConfig, Opening, StopReason, Transcript};
+use wmo_e2b::pool::{self, Pool, PoolConfig, Warm};
 use wmo_e2b::provider::scripted::ScriptedProvider;
 use wmo_e2b::runner::{self, BootstrapOpts};
 use wmo_e2b::sandbox::local::{IsolationChoice, LocalBackend, LocalOptions};
-use wmo_e2b::sandbox::pool::{self, Pool, PoolConfig, Warm};
 use wmo_e2b::sandbox::{Backend, CreateSpec, RunOpts, Sandbox};
 use wmo_e2b::task::Task;
 
@@ -364,12 +364,16 @@ fn one_task(pool: &Pool, task: &Task, transcripts: &Path, n: usize) -> Phases {
     let t2 = Instant::now();
     let outcome = {
         let mut ep = Episode {
-            task,
+            opening: Opening::Episode {
+                instruction: &task.instruction,
+            },
+            label: &task.id,
+            script: task.model_script.as_deref(),
             config: &cfg,
             provider: &ScriptedProvider::new(),
             environment: &env,
             cancel: &cancel,
-            transcript: &mut transcript,
+            observer: &mut transcript,
         };
         episode::run_episode(&mut ep, &mut warm.channel).expect("episode")
     };
@@ -564,12 +568,16 @@ fn soak(state: &Path, episodes: usize, harness: &str, files_json: &str, transcri
         };
         let outcome = {
             let mut ep = Episode {
-                task: &task,
+                opening: Opening::Episode {
+                    instruction: &task.instruction,
+                },
+                label: &task.id,
+                script: task.model_script.as_deref(),
                 config: &cfg,
                 provider: &provider,
                 environment: &InstantEnv,
                 cancel: &cancel,
-                transcript: &mut tr,
+                observer: &mut tr,
             };
             episode::run_episode(&mut ep, &mut warm.channel).expect("episode")
         };

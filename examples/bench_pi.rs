@@ -29,11 +29,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 use wmo_e2b::cancel::CancelToken;
 use wmo_e2b::environment::{self, EnvError, Environment, SandboxEnvironment, ToolOutput};
-use wmo_e2b::episode::{self, Episode, EpisodeConfig, StopReason, Transcript};
+use wmo_e2b::episode::{self, Episode, EpisodeConfig, Opening, StopReason, Transcript};
+use wmo_e2b::pool::{self, Pool, PoolConfig};
 use wmo_e2b::provider::scripted::ScriptedProvider;
 use wmo_e2b::runner::{self, pi, BootstrapOpts};
 use wmo_e2b::sandbox::local::LocalBackend;
-use wmo_e2b::sandbox::pool::{self, Pool, PoolConfig};
 use wmo_e2b::sandbox::{Backend, CreateSpec, RunOpts, Sandbox};
 use wmo_e2b::task::Task;
 
@@ -210,12 +210,16 @@ fn run_episode(
     let cancel = CancelToken::new();
     let outcome = {
         let mut ep = Episode {
-            task: &task,
+            opening: Opening::Episode {
+                instruction: &task.instruction,
+            },
+            label: &task.id,
+            script: task.model_script.as_deref(),
             config: cfg,
             provider: &ScriptedProvider::new(),
             environment: env,
             cancel: &cancel,
-            transcript,
+            observer: transcript,
         };
         episode::run_episode(&mut ep, channel).expect("episode")
     };
@@ -223,8 +227,8 @@ fn run_episode(
         (
             outcome.stop_reason,
             outcome.answer.as_str(),
-            outcome.turns,
-            outcome.tool_calls
+            outcome.counters.turns,
+            outcome.counters.tool_calls
         ),
         (StopReason::Submit, "42", 2, 1),
         "harness {}: {:?}",

@@ -13,6 +13,7 @@ pub mod episode;
 pub mod errors;
 pub mod eval;
 pub mod id;
+pub mod pool;
 pub mod project;
 pub mod provider;
 pub mod reap;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use crate::eval::{EvalEvent, EvalSummary, Status, TaskRecord};
+use crate::eval::{EvalEvent, EvalSummary, Status, Tally, TaskRecord};
 
 /// Progress redraws at most this often.
 const TICK: Duration = Duration::from_millis(200);
@@ -25,20 +25,12 @@ pub enum ReportMode {
     Json,
 }
 
-#[derive(Default)]
-struct Counts {
-    total: usize,
-    done: usize,
-    passed: usize,
-    failed: usize,
-    errors: usize,
-    cancelled: usize,
-}
-
-/// Consumes events until the channel closes; returns every finished record.
-pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) -> Vec<TaskRecord> {
+/// Consumes events until the channel closes: draws progress as tasks finish and, at the
+/// summary, the table and totals (or, in JSON mode, one line per event).
+pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
     let started = Instant::now();
-    let mut counts = Counts::default();
+    let mut total = 0;
+    let mut tally = Tally::default();
     let mut running: HashMap<String, Instant> = HashMap::new();
     let mut records = Vec::new();
     let mut drawn = false;
@@ -49,7 +41,7 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) -> Vec<TaskRe
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => {
                 if mode == ReportMode::Progress {
-                    draw(&mut stderr.lock(), &counts, &running, started);
+                    draw(&mut stderr.lock(), total, &tally, &running, started);
                     drawn = true;
                 }
                 continue;
@@ -64,7 +56,7 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) -> Vec<TaskRe
             }
         }
         match event {
-            EvalEvent::RunStarted { total, .. } => counts.total = total,
+            EvalEvent::RunStarted { total: n, .. } => total = n,
             EvalEvent::TaskStarted { id } => {
                 running.insert(id, Instant::now());
             }
@@ -81,13 +73,7 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) -> Vec<TaskRe
             }
             EvalEvent::TaskFinished { record } => {
                 running.remove(&record.id);
-                counts.done += 1;
-                match record.status {
-                    Status::Passed => counts.passed += 1,
-                    Status::Failed => counts.failed += 1,
-                    Status::Error => counts.errors += 1,
-                    Status::Cancelled => counts.cancelled += 1,
-                }
+                tally.add(record.status);
                 if mode == ReportMode::Lines {
                     let _ = writeln!(stderr.lock(), "{}", task_line(&record));
                 }
@@ -100,12 +86,35 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) -> Vec<TaskRe
                     let _ = writeln!(err, "error: {message}");
                 }
             }
+            EvalEvent::Interrupted => {
+                let mut err = stderr.lock();
+                clear(&mut err, drawn);
+                let _ = writeln!(
+                    err,
+                    "\ninterrupted: cancelling running tasks (Ctrl-C again to kill sandboxes and exit now)"
+                );
+            }
+            EvalEvent::Summary { summary, out_dir } => {
+                if mode == ReportMode::Progress && drawn {
+                    clear(&mut stderr.lock(), true);
+                    drawn = false;
+                }
+                if mode != ReportMode::Json {
+                    let mut out = stdout.lock();
+                    let _ = write!(out, "{}", summary_table(&records, &summary));
+                    let _ = out.flush();
+                    if let Some(fatal) = &summary.fatal {
+                        let _ = writeln!(stderr.lock(), "error: the run stopped early: {fatal}");
+                    }
+                    let results = out_dir.join("results.jsonl");
+                    let _ = writeln!(out, "results: {}", results.display());
+                }
+            }
         }
     }
     if mode == ReportMode::Progress && drawn {
         clear(&mut stderr.lock(), true);
     }
-    records
 }
 
 fn clear(out: &mut impl Write, drawn: bool) {
@@ -114,11 +123,18 @@ fn clear(out: &mut impl Write, drawn: bool) {
     }
 }
 
-fn draw(out: &mut impl Write, c: &Counts, running: &HashMap<String, Instant>, started: Instant) {
+fn draw(
+    out: &mut impl Write,
+    total: usize,
+    c: &Tally,
+    running: &HashMap<String, Instant>,
+    started: Instant,
+) {
     let elapsed = started.elapsed().as_secs_f64();
-    let eta = if c.done > 0 && c.total > c.done {
-        let per = elapsed / c.done as f64;
-        format!(" · ETA {}", clock(per * (c.total - c.done) as f64))
+    let done = c.done();
+    let eta = if done > 0 && total > done {
+        let per = elapsed / done as f64;
+        format!(" · ETA {}", clock(per * (total - done) as f64))
     } else {
         String::new()
     };
@@ -130,8 +146,8 @@ fn draw(out: &mut impl Write, c: &Counts, running: &HashMap<String, Instant>, st
     let _ = write!(
         out,
         "\r\x1b[2K[{}/{}] passed {} · failed {} · errors {} · running {}{eta}{longest}",
-        c.done,
-        c.total,
+        done,
+        total,
         c.passed,
         c.failed,
         c.errors,
@@ -210,7 +226,11 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
     }
     out.push_str(&format!(
         "{} tasks: {} passed, {} failed, {} errors, {} cancelled",
-        summary.total, summary.passed, summary.failed, summary.errors, summary.cancelled
+        summary.total,
+        summary.tally.passed,
+        summary.tally.failed,
+        summary.tally.errors,
+        summary.tally.cancelled
     ));
     if summary.not_run > 0 {
         out.push_str(&format!(", {} not run", summary.not_run));

@@ -12,7 +12,6 @@ use serde_json::{json, Value};
 use wmo_e2b::cancel::CancelToken;
 use wmo_e2b::provider::openai::{OpenAiConfig, OpenAiProvider};
 use wmo_e2b::provider::{Completion, FailureScope, ModelCall, Provider, ProviderError};
-use wmo_e2b::task::Task;
 
 const KEY: &str = "sk-test-key";
 
@@ -177,10 +176,6 @@ fn config(base_url: &str, max_retries: u32) -> OpenAiConfig {
     }
 }
 
-fn task() -> Task {
-    serde_json::from_value(json!({"id": "t1", "instruction": "list files"})).unwrap()
-}
-
 fn request_body() -> Value {
     json!({
         "model": "whatever-the-runner-said",
@@ -192,10 +187,10 @@ fn request_body() -> Value {
 }
 
 fn complete(provider: &OpenAiProvider, cancel: &CancelToken) -> Result<Completion, ProviderError> {
-    let task = task();
     let body = request_body();
     provider.complete(&ModelCall {
-        task: &task,
+        label: "t1",
+        script: None,
         index: 0,
         body: &body,
         cancel,

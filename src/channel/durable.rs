@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use serde_json::{json, Value};
 
+use super::error::ChannelError;
 use super::frame::{self, frame_type, Frame};
 use super::lines::{LineBuffer, Piece};
 use super::stdio::{MAX_LINE, STDERR_LINES};
-use crate::sandbox::{ErrorClass, Process, ProcessEvent, Sandbox, SandboxError};
+use crate::sandbox::{ErrorClass, Process, ProcessEvent, Sandbox};
 use crate::sync::lock;
 
 /// How often the outbox is polled when stdout is quiet or gone.
@@ -31,31 +32,6 @@ pub const PID_GRACE: Duration = Duration::from_secs(3);
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Physical writes of one inbound frame at most (same sequence each time).
 const MAX_WRITES: u32 = 2;
-
-#[derive(Debug, thiserror::Error)]
-pub enum DurableError {
-    #[error("no frame from the live runner within {0:?}")]
-    Timeout(Duration),
-    #[error("{message}{}", tail(.stderr_tail))]
-    Fatal {
-        message: String,
-        stderr_tail: String,
-    },
-    #[error("the live runner did not acknowledge inbound frame {seq} within {ACK_TIMEOUT:?}")]
-    Unacknowledged {
-        seq: u64,
-        #[source]
-        last_write_error: Option<SandboxError>,
-    },
-}
-
-fn tail(t: &str) -> String {
-    if t.is_empty() {
-        String::new()
-    } else {
-        format!("; recent runner stderr:\n{t}")
-    }
-}
 
 enum ReaderMsg {
     Envelope(u64, Frame),
@@ -150,8 +126,8 @@ impl DurableChannel {
         lines[skip..].join("\n")
     }
 
-    fn fatal_error(&self) -> DurableError {
-        DurableError::Fatal {
+    fn fatal_error(&self) -> ChannelError {
+        ChannelError::Lost {
             message: self
                 .fatal
                 .clone()
@@ -167,7 +143,7 @@ impl DurableChannel {
     }
 
     /// Sends one frame and waits for the runner to acknowledge it.
-    pub fn send(&mut self, frame: &Value) -> Result<(), DurableError> {
+    pub fn send(&mut self, frame: &Value) -> Result<(), ChannelError> {
         if self.fatal.is_some() {
             return Err(self.fatal_error());
         }
@@ -187,8 +163,9 @@ impl DurableChannel {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(DurableError::Unacknowledged {
+                return Err(ChannelError::Unacknowledged {
                     seq,
+                    waited: ACK_TIMEOUT,
                     last_write_error,
                 });
             }
@@ -205,7 +182,7 @@ impl DurableChannel {
     }
 
     /// The next frame in sequence; `Ok(None)` after `close`.
-    pub fn recv(&mut self, timeout: Duration) -> Result<Option<Frame>, DurableError> {
+    pub fn recv(&mut self, timeout: Duration) -> Result<Option<Frame>, ChannelError> {
         let deadline = Instant::now() + timeout;
         loop {
             if self.closed {
@@ -219,7 +196,12 @@ impl DurableChannel {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(DurableError::Timeout(timeout));
+                // No stderr tail: reading the runner's log on every quiet poll costs a file
+                // read, and a timeout is the caller's to judge.
+                return Err(ChannelError::Timeout {
+                    waited: timeout,
+                    stderr_tail: String::new(),
+                });
             }
             self.pump((deadline - now).min(POLL));
         }

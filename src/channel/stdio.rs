@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde_json::{json, Value};
 
+use super::error::ChannelError;
 use super::frame::{self, frame_type, Frame};
 use super::lines::{LineBuffer, Piece};
 use super::renewal::LeaseRenewal;
@@ -25,55 +26,6 @@ pub const MAX_LINE: usize = 64 << 20;
 pub const STDERR_LINES: usize = 50;
 /// Longest stderr line kept (a runner printing a huge line must not pin memory).
 const MAX_STDERR_LINE: usize = 4096;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ChannelError {
-    #[error("no frame from the runner within {waited:?}{}", tail_suffix(.stderr_tail))]
-    Timeout {
-        waited: Duration,
-        stderr_tail: String,
-    },
-    #[error("the runner process exited ({}) mid-episode{}", exit_text(*.code), tail_suffix(.stderr_tail))]
-    Exited {
-        code: Option<i32>,
-        stderr_tail: String,
-    },
-    #[error("the runner's output stream failed{}", tail_suffix(.stderr_tail))]
-    StreamFailed {
-        #[source]
-        source: SandboxError,
-        stderr_tail: String,
-    },
-    #[error("could not send a frame to the runner{}", tail_suffix(.stderr_tail))]
-    Send {
-        #[source]
-        source: SandboxError,
-        stderr_tail: String,
-    },
-}
-
-impl ChannelError {
-    pub fn stderr_tail(&self) -> &str {
-        match self {
-            ChannelError::Timeout { stderr_tail, .. }
-            | ChannelError::Exited { stderr_tail, .. }
-            | ChannelError::StreamFailed { stderr_tail, .. }
-            | ChannelError::Send { stderr_tail, .. } => stderr_tail,
-        }
-    }
-}
-
-fn exit_text(code: Option<i32>) -> String {
-    code.map_or_else(|| "killed by a signal".to_string(), |c| format!("exit {c}"))
-}
-
-fn tail_suffix(tail: &str) -> String {
-    if tail.is_empty() {
-        String::new()
-    } else {
-        format!("; recent runner stderr:\n{tail}")
-    }
-}
 
 /// How the output stream ended.
 #[derive(Debug, Clone)]

@@ -6,18 +6,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use wmo_e2b::cancel::CancelToken;
-use wmo_e2b::eval::{self, results, run_lock, EvalLimits, EvalRun, EvalSummary, Harness};
+use wmo_e2b::eval::plan::{self, EvalOptions, PlanError};
+use wmo_e2b::eval::{self, EvalLimits, EvalRun, Harness, RunControl, Verdict};
+use wmo_e2b::pool::Pool;
 use wmo_e2b::provider::Provider;
 use wmo_e2b::report::{self, ReportMode};
 use wmo_e2b::runner::BootstrapOpts;
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
 use wmo_e2b::sandbox::local::LocalOptions;
-use wmo_e2b::sandbox::pool::{self, Pool, PoolConfig};
-use wmo_e2b::sandbox::{Backend, CreateSpec, Metadata};
-use wmo_e2b::task;
-use wmo_e2b::tree::TreeBounds;
+use wmo_e2b::sandbox::Backend;
 
 use super::{open_backend_with, open_local, BackendKind, Exit, LocalArgs, UsageError};
 
@@ -112,11 +110,6 @@ pub struct EvalArgs {
 }
 
 pub fn run(args: EvalArgs) -> Result<Exit> {
-    if args.resume && args.out.is_none() {
-        return Err(
-            UsageError("--resume needs --out DIR: the run directory to resume".into()).into(),
-        );
-    }
     if args.backend == BackendKind::E2b && usize::from(args.jobs) > args.max_sandboxes {
         // Each running task holds one sandbox; more workers than the cap would only queue
         // behind it and time out.
@@ -126,71 +119,36 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         ))
         .into());
     }
-    let shard = args.shard.as_deref().map(parse_shard).transpose()?;
-    let all = task::load_tasks(&args.tasks)?;
-    let out_dir = args.out.clone().unwrap_or_else(default_out_dir);
-    std::fs::create_dir_all(&out_dir)
-        .with_context(|| format!("cannot create the output directory {}", out_dir.display()))?;
-    // Held to the end of the run, before anything reads or writes the directory.
-    let _out_lock = run_lock::lock_out_dir(&out_dir).map_err(|e| match e {
-        // Two runs chose one --out: the user's to change.
-        run_lock::RunLockError::Held { .. } => UsageError(e.to_string()).into(),
-        other => anyhow::Error::new(other),
+    let plan = plan::plan(&EvalOptions {
+        tasks_file: args.tasks.clone(),
+        out: args.out.clone(),
+        resume: args.resume,
+        shard: args.shard.clone(),
+        harness: args.harness.clone(),
+    })
+    .map_err(|e| match e {
+        PlanError::Tasks(t) => anyhow::Error::new(t),
+        e if e.is_usage() => UsageError(e.to_string()).into(),
+        e => anyhow::Error::new(e),
     })?;
-    let done = if args.resume {
-        let path = out_dir.join("results.jsonl");
-        let finished = results::finished_ids(&path)?;
-        if finished.unreadable > 0 {
-            eprintln!(
-                "warning: skipped {} unreadable line(s) of {} (a line torn by a crash, say); their tasks run again",
-                finished.unreadable,
-                path.display()
-            );
-        }
-        finished.ids
-    } else {
-        Default::default()
-    };
-    let mut skipped = 0;
-    let tasks: Vec<task::Task> = all
-        .into_iter()
-        .filter(|t| shard.is_none_or(|(i, n)| task::shard_of(&t.id, n) == i))
-        .filter(|t| {
-            let keep = !done.contains(&t.id);
-            skipped += usize::from(!keep);
-            keep
-        })
-        .collect();
-
+    if plan.unreadable_results > 0 {
+        eprintln!(
+            "warning: skipped {} unreadable line(s) of {} (a line torn by a crash, say); their tasks run again",
+            plan.unreadable_results,
+            plan.out_dir.join("results.jsonl").display()
+        );
+    }
     let provider = make_provider(&args, &args.model)?;
     let world_model = match args.environment {
         EnvKind::Sandbox => None,
         EnvKind::WorldModel => Some(make_provider(&args, &args.world_model)?),
     };
-    let harness = match args.harness.as_str() {
-        "builtin" => Harness::Builtin,
-        "pi" => Harness::Pi,
-        dir => {
-            let files =
-                wmo_e2b::tree::read_harness(std::path::Path::new(dir), TreeBounds::default())
-                    .map_err(|e| UsageError(format!("--harness {dir}: {e}")))?;
-            Harness::Files(
-                files
-                    .into_iter()
-                    .map(|(k, v)| (k, serde_json::Value::String(v)))
-                    .collect(),
-            )
-        }
-    };
 
     // Local sandboxes share one install on the host; remote ones get pi inside themselves
     // (prebaked by the template recipe, or installed at bootstrap).
-    let pi_on_host = matches!(harness, Harness::Pi) && args.backend == BackendKind::Local;
-    let pi_in_sandbox = matches!(harness, Harness::Pi) && !pi_on_host;
-    let run_id = out_dir
-        .file_name()
-        .map_or_else(|| "eval".to_string(), |n| n.to_string_lossy().into_owned());
-    let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &run_id)
+    let pi = matches!(plan.harness, Harness::Pi);
+    let pi_on_host = pi && args.backend == BackendKind::Local;
+    let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &plan.run_id())
         .context("cannot open the lease ledger")?;
     let (inner, pi_modules): (Arc<dyn Backend>, Option<PathBuf>) = match args.backend {
         BackendKind::Local => {
@@ -217,36 +175,22 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     };
     // Every sandbox of the run is leased before it is created.
     let backend: Arc<dyn Backend> = Arc::new(LeasedBackend::new(inner, ledger, "eval"));
-    let max_episode = tasks
-        .iter()
-        .filter_map(|t| t.timeout_s)
-        .map(Duration::from_secs_f64)
-        .fold(args.episode_timeout, Duration::max);
+    let bootstrap = BootstrapOpts {
+        hello_timeout: args.hello_timeout,
+        pi_modules,
+        pi_in_sandbox: pi && !pi_on_host,
+        ..BootstrapOpts::default()
+    };
     let pool = Arc::new(Pool::new(
         backend,
-        PoolConfig {
-            spec: CreateSpec {
-                template: args.template.clone(),
-                timeout_secs: 0,
-                metadata: Metadata::new(),
-                envs: Vec::new(),
-                internet: true,
-            },
-            lease: pool::lease_for(max_episode),
-            lifetime: pool::lifetime_for(max_episode),
-            bootstrap: BootstrapOpts {
-                hello_timeout: args.hello_timeout,
-                pi_modules,
-                pi_in_sandbox,
-                ..BootstrapOpts::default()
-            },
-            workspace_dir: "workspace".into(),
-            reuse: !args.no_reuse,
-        },
+        plan.pool_config(
+            args.template.clone(),
+            args.episode_timeout,
+            bootstrap,
+            !args.no_reuse,
+        ),
     ));
 
-    let cancel = CancelToken::new();
-    let interrupted = install_ctrl_c(cancel.clone(), pool.clone())?;
     let mode = if args.json {
         ReportMode::Json
     } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -255,14 +199,16 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         ReportMode::Lines
     };
     let (tx, rx) = crossbeam_channel::unbounded();
+    let control = Arc::new(RunControl::new(tx));
+    install_ctrl_c(control.clone(), pool.clone())?;
     let reporter = std::thread::Builder::new()
         .name("reporter".into())
         .spawn(move || report::run_reporter(mode, rx))
         .context("cannot start the reporter thread")?;
     let outcome = eval::run(&EvalRun {
-        tasks: &tasks,
-        skipped,
-        out_dir: &out_dir,
+        tasks: &plan.tasks,
+        skipped: plan.skipped,
+        out_dir: &plan.out_dir,
         jobs: usize::from(args.jobs),
         limits: EvalLimits {
             max_turns: args.max_turns,
@@ -272,36 +218,15 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             bash_timeout: args.bash_timeout,
             transport_retries: args.transport_retries,
         },
-        pool: pool.clone(),
+        pool,
         provider,
-        harness,
+        harness: plan.harness.clone(),
         world_model,
-        events: tx,
-        cancel: cancel.clone(),
-        fatal: Default::default(),
+        control,
     });
-    // The run dropped its sender; the reporter drains and returns.
-    let records = reporter.join().unwrap_or_default();
-    let summary = outcome?;
-    // Shown even when it cannot be saved: the summary is how a run that stopped says why.
-    let saved = write_summary(&out_dir, &summary);
-    if args.json {
-        println!(
-            "{}",
-            serde_json::json!({"type": "summary", "summary": summary, "out_dir": out_dir})
-        );
-    } else {
-        print!("{}", report::summary_table(&records, &summary));
-        if let Some(fatal) = &summary.fatal {
-            eprintln!("error: the run stopped early: {fatal}");
-        }
-        println!("results: {}", out_dir.join("results.jsonl").display());
-    }
-    saved?;
-    Ok(exit_for(
-        &summary,
-        interrupted.load(std::sync::atomic::Ordering::SeqCst),
-    ))
+    // The run closed its events; the reporter drains them (the summary last) and returns.
+    let _ = reporter.join();
+    Ok(exit_for(outcome?.verdict()))
 }
 
 fn e2b_options(args: &EvalArgs) -> wmo_e2b::sandbox::e2b::E2bOptions {
@@ -325,47 +250,33 @@ fn make_provider(args: &EvalArgs, model: &str) -> Result<Arc<dyn Provider>> {
     )
 }
 
-fn exit_for(summary: &EvalSummary, interrupted: bool) -> Exit {
-    if interrupted {
-        Exit::Interrupted
-    } else if summary.cleanup_error.is_some() || summary.fatal.is_some() {
-        Exit::Infrastructure
-    } else if summary.failed + summary.errors + summary.cancelled > 0 {
-        Exit::TasksFailed
-    } else {
-        Exit::Success
+/// The one place a run's verdict becomes an exit code.
+fn exit_for(verdict: Verdict) -> Exit {
+    match verdict {
+        Verdict::Passed => Exit::Success,
+        Verdict::TasksFailed => Exit::TasksFailed,
+        Verdict::Infrastructure => Exit::Infrastructure,
+        Verdict::Interrupted => Exit::Interrupted,
     }
 }
 
-fn write_summary(out_dir: &std::path::Path, summary: &EvalSummary) -> Result<()> {
-    let path = out_dir.join("summary.json");
-    let text = serde_json::to_string_pretty(summary).context("cannot encode the summary")?;
-    std::fs::write(&path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// First Ctrl-C: stop scheduling and cancel running episodes (finished results stay on disk,
-/// the pool is closed normally). Second: kill every sandbox and exit at once.
-fn install_ctrl_c(
-    cancel: CancelToken,
-    pool: Arc<Pool>,
-) -> Result<Arc<std::sync::atomic::AtomicBool>> {
-    let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+/// First Ctrl-C: the run is interrupted (no task starts, running episodes are cancelled,
+/// finished results stay on disk, the pool is closed normally). Second: kill every sandbox
+/// and exit at once.
+fn install_ctrl_c(control: Arc<RunControl>, pool: Arc<Pool>) -> Result<()> {
     let (tx, rx) = crossbeam_channel::bounded::<()>(4);
     ctrlc::set_handler(move || {
         // Never block inside the handler; a full queue means we are already exiting.
         let _ = tx.try_send(());
     })
     .context("cannot install the Ctrl-C handler")?;
-    let flag = interrupted.clone();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             if rx.recv().is_err() {
                 return;
             }
-            flag.store(true, std::sync::atomic::Ordering::SeqCst);
-            cancel.cancel();
-            eprintln!("\ninterrupted: cancelling running tasks (Ctrl-C again to kill sandboxes and exit now)");
+            control.interrupt();
             if rx.recv().is_err() {
                 return;
             }
@@ -373,30 +284,5 @@ fn install_ctrl_c(
             std::process::exit(Exit::Interrupted as i32);
         })
         .context("cannot start the signal thread")?;
-    Ok(interrupted)
-}
-
-fn parse_shard(s: &str) -> Result<(u32, u32)> {
-    let bad = || {
-        UsageError(format!(
-            "--shard {s:?}: expected I/N with 0 <= I < N, e.g. 0/4"
-        ))
-    };
-    let (i, n) = s.split_once('/').ok_or_else(bad)?;
-    let i: u32 = i.trim().parse().map_err(|_| bad())?;
-    let n: u32 = n.trim().parse().map_err(|_| bad())?;
-    if n == 0 || i >= n {
-        return Err(bad().into());
-    }
-    Ok((i, n))
-}
-
-fn default_out_dir() -> PathBuf {
-    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let compact: String = stamp
-        .chars()
-        .filter(|c| c.is_ascii_digit() || *c == 'T')
-        .collect::<String>()
-        .replace('T', "-");
-    PathBuf::from("runs").join(compact)
+    Ok(())
 }

@@ -25,19 +25,16 @@ read_file returns the file's content; write_file returns `wrote N bytes to PATH`
 
 pub struct WorldModelEnvironment {
     provider: Arc<dyn Provider>,
-    /// The task as the simulator's provider sees it: a scripted world model replays the
-    /// task's `world_script`.
-    world_task: Task,
+    /// The task the agent was given; a scripted world model replays its `world_script`.
+    task: Task,
     history: Mutex<Vec<(String, String)>>,
 }
 
 impl WorldModelEnvironment {
     pub fn new(provider: Arc<dyn Provider>, task: &Task) -> Self {
-        let mut world_task = task.clone();
-        world_task.model_script = task.world_script.clone();
         WorldModelEnvironment {
             provider,
-            world_task,
+            task: task.clone(),
             history: Mutex::new(Vec::new()),
         }
     }
@@ -53,7 +50,7 @@ impl WorldModelEnvironment {
             earlier.insert_str(0, &entry);
         }
         let files: String = self
-            .world_task
+            .task
             .files
             .iter()
             .map(|(p, c)| format!("--- {p}\n{c}\n"))
@@ -61,7 +58,7 @@ impl WorldModelEnvironment {
         let user = format!(
             "## Task given to the agent\n{}\n\n## Files in the workspace at the start\n{}\n\
              ## Earlier tool calls and their observations\n{}\n## The tool call to answer now\n{}",
-            self.world_task.instruction,
+            self.task.instruction,
             if files.is_empty() {
                 "(none)\n".into()
             } else {
@@ -98,7 +95,8 @@ impl Environment for WorldModelEnvironment {
         let body = self.prompt(name, args);
         let index = lock(&self.history).len();
         let call = ModelCall {
-            task: &self.world_task,
+            label: &self.task.id,
+            script: self.task.world_script.as_deref(),
             index,
             body: &body,
             cancel,

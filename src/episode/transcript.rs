@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use serde_json::{json, Map, Value};
 
+use super::{Observer, Peer};
+
 /// Writes frames as `{"t": seconds, "from": "host"|"runner"|"note", "frame": {...}}` lines.
 /// A transcript that cannot be written must not fail the episode: the first write error is
 /// kept and reported by [`Transcript::finish`].
@@ -74,6 +76,37 @@ impl Transcript {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+impl Observer for Transcript {
+    fn frame(&mut self, from: Peer, frame: &Map<String, Value>) {
+        let from = match from {
+            Peer::Host => "host",
+            Peer::Runner => "runner",
+        };
+        match frame.get("files").and_then(Value::as_object) {
+            // Harness files are the same every episode: the transcript notes their size
+            // rather than copying them again (hundreds of KB per episode otherwise).
+            Some(files) if !files.is_empty() => {
+                let mut brief: Map<String, Value> = frame
+                    .iter()
+                    .filter(|(k, _)| k.as_str() != "files")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                let bytes: usize = files.values().filter_map(Value::as_str).map(str::len).sum();
+                brief.insert(
+                    "files".into(),
+                    json!({"count": files.len(), "bytes": bytes, "paths": files.keys().collect::<Vec<_>>()}),
+                );
+                self.record(from, &brief);
+            }
+            _ => self.record(from, frame),
+        }
+    }
+
+    fn note(&mut self, message: &str) {
+        Transcript::note(self, message);
     }
 }
 

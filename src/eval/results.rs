@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use crate::episode::TokenMeter;
+use crate::episode::{StopReason, TokenMeter};
 use crate::sync::lock;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -67,7 +67,7 @@ pub struct Retries {
 pub struct TaskRecord {
     pub id: String,
     pub status: Status,
-    pub stop_reason: String,
+    pub stop_reason: StopReason,
     pub answer: String,
     pub verify: Option<VerifyRecord>,
     pub turns: u32,

@@ -5,8 +5,10 @@
 //! `mirror/` (one file per mirrored project path). Paths given by users are project-relative
 //! and contained.
 
+mod events;
 pub mod session;
 pub mod snapshot;
+mod tools;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -10,7 +10,7 @@ pub mod scripted;
 use serde_json::Value;
 
 use crate::cancel::CancelToken;
-use crate::task::Task;
+use crate::task::ScriptStep;
 
 /// Tokens a provider reported for one call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,8 +30,12 @@ pub struct Completion {
 }
 
 /// What a provider needs to answer one call.
+#[derive(Clone, Copy)]
 pub struct ModelCall<'a> {
-    pub task: &'a Task,
+    /// What runs (a task's id, a project's name): it names scripted completions.
+    pub label: &'a str,
+    /// The steps a scripted model plays: the task's `model_script` (or `world_script`).
+    pub script: Option<&'a [ScriptStep]>,
     /// 0-based index of this call within the current episode attempt.
     pub index: usize,
     /// The OpenAI request body the runner built (messages, tools, max_tokens, ...).

@@ -28,11 +28,7 @@ impl ScriptedProvider {
 
 impl Provider for ScriptedProvider {
     fn complete(&self, call: &ModelCall<'_>) -> Result<Completion, ProviderError> {
-        let step = call
-            .task
-            .model_script
-            .as_ref()
-            .and_then(|script| script.get(call.index));
+        let step = call.script.and_then(|script| script.get(call.index));
         let Some(step) = step else {
             let exhausted = ScriptStep {
                 content: Some(EXHAUSTED_CONTENT.to_string()),
@@ -107,7 +103,7 @@ fn answer(call: &ModelCall<'_>, step: &ScriptStep) -> Completion {
         .map_or(0, |d| d.as_secs());
 
     let body = json!({
-        "id": format!("scripted-{}-{}", call.task.id, call.index),
+        "id": format!("scripted-{}-{}", call.label, call.index),
         "object": "chat.completion",
         "created": created,
         "model": "scripted",
@@ -144,13 +140,9 @@ pub struct FixedScript(pub Vec<ScriptStep>);
 
 impl Provider for FixedScript {
     fn complete(&self, call: &ModelCall<'_>) -> Result<Completion, ProviderError> {
-        let mut task = call.task.clone();
-        task.model_script = Some(self.0.clone());
         ScriptedProvider::new().complete(&ModelCall {
-            task: &task,
-            index: call.index,
-            body: call.body,
-            cancel: call.cancel,
+            script: Some(&self.0),
+            ..*call
         })
     }
 }
@@ -183,7 +175,8 @@ mod tests {
     ) -> Result<Completion, ProviderError> {
         let body = json!({"messages": [{"role": "user", "content": "hi"}]});
         ScriptedProvider::new().complete(&ModelCall {
-            task,
+            label: &task.id,
+            script: task.model_script.as_deref(),
             index,
             body: &body,
             cancel,

@@ -10,7 +10,6 @@ pub mod inventory;
 pub mod leased;
 pub mod ledger;
 pub mod local;
-pub mod pool;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -12,10 +12,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Backend, CreateSpec, Sandbox, SandboxError};
 use crate::backoff::{with_retries, Backoff};
 use crate::channel::{LeaseRenewal, StdioChannel};
 use crate::runner::{self, BootstrapOpts, RunnerError};
+use crate::sandbox::{Backend, CreateSpec, Sandbox, SandboxError};
 use crate::sync::lock;
 
 /// Parallel kills at `close`.

@@ -1,0 +1,426 @@
+//! The broker's loop: open, answer requests, watch the budgets, end.
+
+use std::time::Instant;
+
+use serde_json::{json, Map, Value};
+
+use super::{
+    Counters, Episode, EpisodeError, EpisodeOutcome, Opening, Peer, ProviderFailure, StopReason,
+    CANCEL_POLL,
+};
+use crate::channel::{frame_type, ChannelError, Frame, FrameChannel};
+use crate::environment::{ToolOutput, ENV_TOOLS};
+use crate::errors::error_chain;
+use crate::provider::{FailureScope, ModelCall};
+
+pub(super) struct Broker<'a, 'b> {
+    ep: &'b mut Episode<'a>,
+    channel: &'b mut dyn FrameChannel,
+    deadline: Instant,
+    counters: Counters,
+    env_actions: u32,
+    provider_failure: Option<ProviderFailure>,
+    /// A live turn's message, once sent, and whether the runner has taken it up.
+    message_id: Option<String>,
+    running_seen: bool,
+    /// What a live turn's agent submitted (an episode runner reports its answer in `done`).
+    submitted: Option<String>,
+    aborted: bool,
+}
+
+enum Step {
+    Continue,
+    End(EpisodeOutcome),
+}
+
+impl<'a, 'b> Broker<'a, 'b> {
+    pub(super) fn new(ep: &'b mut Episode<'a>, channel: &'b mut dyn FrameChannel) -> Self {
+        let deadline = Instant::now() + ep.config.wall;
+        Broker {
+            ep,
+            channel,
+            deadline,
+            counters: Counters::default(),
+            env_actions: 0,
+            provider_failure: None,
+            message_id: None,
+            running_seen: false,
+            submitted: None,
+            aborted: false,
+        }
+    }
+
+    pub(super) fn run(mut self) -> Result<EpisodeOutcome, EpisodeError> {
+        let opening = self.opening_frame();
+        self.send(&opening)?;
+        loop {
+            if let Some(end) = self.interrupted() {
+                return Ok(end);
+            }
+            let wait = self
+                .deadline
+                .saturating_duration_since(Instant::now())
+                .min(CANCEL_POLL);
+            let frame = match self.channel.recv(wait) {
+                Ok(Some(f)) => f,
+                Ok(None) => {
+                    return Err(self.channel_error(ChannelError::Exited {
+                        code: None,
+                        stderr_tail: "the channel was closed".into(),
+                    }))
+                }
+                Err(ChannelError::Timeout { .. }) => continue,
+                Err(e) => {
+                    if let Some(end) = self.interrupted() {
+                        return Ok(end);
+                    }
+                    return Err(self.channel_error(e));
+                }
+            };
+            self.ep.observer.frame(Peer::Runner, &frame);
+            match self.dispatch(frame)? {
+                Step::Continue => {}
+                Step::End(outcome) => return Ok(outcome),
+            }
+        }
+    }
+
+    fn opening_frame(&self) -> Value {
+        let c = self.ep.config;
+        match self.ep.opening {
+            Opening::Episode { instruction } => json!({
+                "type": "episode_start",
+                "episode_id": c.episode_id,
+                "task_id": self.ep.label,
+                "harness": c.harness,
+                "instruction": instruction,
+                "system": c.system,
+                "tools": c.tools,
+                "files": c.files,
+                "max_turns": c.max_turns,
+                "max_output_tokens": c.max_output_tokens,
+                "temperature": c.temperature,
+                "episode_timeout_s": c.wall.as_secs_f64(),
+            }),
+            Opening::LiveTurn { .. } => json!({
+                "type": "session_start",
+                "session_id": c.episode_id,
+                "system": c.system,
+                "tools": c.tools,
+                "turn_cap": c.max_turns,
+                "max_output_tokens": c.max_output_tokens,
+                // Every turn starts a fresh conversation: the project's files carry what
+                // earlier turns did.
+                "conversation_scope": "turn",
+            }),
+        }
+    }
+
+    fn dispatch(&mut self, frame: Frame) -> Result<Step, EpisodeError> {
+        let live = matches!(self.ep.opening, Opening::LiveTurn { .. });
+        match frame_type(&frame) {
+            "llm_request" => self.on_llm_request(&frame),
+            "tool_request" => self.on_tool_request(&frame),
+            "done" if !live => {
+                let reason = frame.get("reason").and_then(Value::as_str).unwrap_or("");
+                let answer = frame
+                    .get("answer")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                Ok(Step::End(match StopReason::from_done(reason) {
+                    Some(stop) => self.outcome(stop, answer, None, true),
+                    None => self.outcome(
+                        StopReason::Error,
+                        answer,
+                        Some(format!(
+                            "the runner ended with an unknown reason {reason:?}"
+                        )),
+                        true,
+                    ),
+                }))
+            }
+            "episode_error" => {
+                let note = frame
+                    .get("note")
+                    .and_then(Value::as_str)
+                    .unwrap_or("runner error")
+                    .to_string();
+                Ok(Step::End(self.outcome(
+                    StopReason::Error,
+                    String::new(),
+                    Some(note),
+                    true,
+                )))
+            }
+            "state" if live => self.on_state(&frame),
+            // hello, log, keepalives, and anything newer than this host: recorded, not
+            // answered.
+            _ => Ok(Step::Continue),
+        }
+    }
+
+    /// A live turn's states: the first idle means the session is ready for the message; the
+    /// idle that answers the message, after the runner took it up, ends the turn.
+    fn on_state(&mut self, frame: &Frame) -> Result<Step, EpisodeError> {
+        let Opening::LiveTurn { message } = self.ep.opening else {
+            return Ok(Step::Continue);
+        };
+        match frame.get("status").and_then(Value::as_str) {
+            Some("running") => self.running_seen = true,
+            Some("idle") => match &self.message_id {
+                None => {
+                    let msg_id = crate::id::new_episode_id();
+                    self.send(&json!({"type": "user_message", "msg_id": msg_id, "text": message}))?;
+                    self.message_id = Some(msg_id);
+                }
+                Some(sent)
+                    if self.running_seen
+                        && frame.get("msg_id").and_then(Value::as_str) == Some(sent.as_str()) =>
+                {
+                    let reason = frame.get("reason").and_then(Value::as_str).unwrap_or("");
+                    return Ok(Step::End(self.turn_end(reason)));
+                }
+                Some(_) => {}
+            },
+            _ => {}
+        }
+        Ok(Step::Continue)
+    }
+
+    /// A live turn's end, from the reason on its last idle (reference §2.2).
+    fn turn_end(&self, reason: &str) -> EpisodeOutcome {
+        let answer = self.submitted.clone().unwrap_or_default();
+        let (stop, note) = match reason {
+            "completed" if self.submitted.is_some() => (StopReason::Submit, None),
+            "completed" => (StopReason::NoToolCall, None),
+            "turn_limit" => (StopReason::MaxTurns, None),
+            "aborted" => (StopReason::Cancelled, None),
+            other => (
+                StopReason::Error,
+                Some(format!("the runner ended the turn with reason {other:?}")),
+            ),
+        };
+        self.outcome(stop, answer, note, true)
+    }
+
+    fn on_llm_request(&mut self, frame: &Frame) -> Result<Step, EpisodeError> {
+        let Some(req_id) = req_id(frame) else {
+            self.ep
+                .observer
+                .note("ignored an llm_request without an integer req_id");
+            return Ok(Step::Continue);
+        };
+        if self.counters.turns >= self.ep.config.max_turns {
+            // The runner enforces the cap itself; one that asks for more is not trusted
+            // with another call.
+            return Ok(Step::End(self.outcome(
+                StopReason::MaxTurns,
+                String::new(),
+                Some(format!(
+                    "the runner asked for model call {} past max_turns {}",
+                    self.counters.turns + 1,
+                    self.ep.config.max_turns
+                )),
+                false,
+            )));
+        }
+        let empty = Value::Object(Map::new());
+        let body = frame
+            .get("openai_body")
+            .filter(|b| b.is_object())
+            .unwrap_or(&empty);
+        let call = ModelCall {
+            label: self.ep.label,
+            script: self.ep.script,
+            index: self.counters.turns as usize,
+            body,
+            cancel: self.ep.cancel,
+        };
+        self.counters.turns += 1;
+        let reply = if let Some(failure) = &self.provider_failure {
+            // The conversation's record is an error whatever happens next, so a harness
+            // that keeps asking is answered at once instead of waiting out the retries again.
+            let msg = format!(
+                "not sent: an earlier model call failed: {}",
+                failure.message
+            );
+            self.reply("llm_response", req_id, json!({"error": msg}))
+        } else {
+            match self.ep.provider.complete(&call) {
+                Ok(done) => {
+                    self.counters.tokens.add_call(done.usage);
+                    self.counters.provider_retries += done.retries;
+                    self.reply("llm_response", req_id, json!({"completion": done.body}))
+                }
+                Err(e) => {
+                    self.counters.provider_retries += e.retries();
+                    let msg = error_chain(&e);
+                    self.ep.observer.note(&format!("model call failed: {msg}"));
+                    let scope = e.scope();
+                    if scope != FailureScope::Episode {
+                        self.provider_failure = Some(ProviderFailure {
+                            message: msg.clone(),
+                            stops_run: scope == FailureScope::Run,
+                        });
+                    }
+                    self.reply("llm_response", req_id, json!({"error": msg}))
+                }
+            }
+        };
+        // A reply computed past the deadline or after cancellation is never sent.
+        if let Some(end) = self.interrupted() {
+            return Ok(Step::End(end));
+        }
+        self.send(&reply)?;
+        if let Some(failure) = self.provider_failure.as_ref().filter(|f| f.stops_run) {
+            // Not waiting for the runner to end: the run stops at the first such answer,
+            // whatever the harness does with the error. The runner may still be mid-turn.
+            let note = Some(failure.message.clone());
+            return Ok(Step::End(self.outcome(
+                StopReason::ProviderError,
+                String::new(),
+                note,
+                false,
+            )));
+        }
+        Ok(Step::Continue)
+    }
+
+    fn on_tool_request(&mut self, frame: &Frame) -> Result<Step, EpisodeError> {
+        let Some(req_id) = req_id(frame) else {
+            self.ep
+                .observer
+                .note("ignored a tool_request without an integer req_id");
+            return Ok(Step::Continue);
+        };
+        let name = frame.get("name").and_then(Value::as_str).unwrap_or("");
+        let empty = Map::new();
+        let args = frame
+            .get("arguments")
+            .and_then(Value::as_object)
+            .unwrap_or(&empty);
+        let output = if name == "submit" && matches!(self.ep.opening, Opening::LiveTurn { .. }) {
+            // The live runner hands the answer to the host; it ends the run, not the
+            // session, and is not an action in the environment.
+            let answer = args.get("answer").and_then(Value::as_str).unwrap_or("");
+            self.submitted = Some(answer.to_string());
+            ToolOutput::ok("submitted")
+        } else {
+            self.counters.tool_calls += 1;
+            self.environment_call(name, args)?
+        };
+        if let Some(end) = self.interrupted() {
+            return Ok(Step::End(end));
+        }
+        let reply = self.reply(
+            "tool_response",
+            req_id,
+            json!({"content": output.content, "is_error": output.is_error}),
+        );
+        self.send(&reply)?;
+        Ok(Step::Continue)
+    }
+
+    fn environment_call(
+        &mut self,
+        name: &str,
+        args: &Map<String, Value>,
+    ) -> Result<ToolOutput, EpisodeError> {
+        if !ENV_TOOLS.contains(&name) || !self.advertised(name) {
+            return Ok(ToolOutput::error(format!("tool '{name}' not available")));
+        }
+        if self.env_actions >= self.ep.config.max_tool_actions {
+            return Ok(ToolOutput::error(format!(
+                "environment action budget exhausted ({} tool actions)",
+                self.ep.config.max_tool_actions
+            )));
+        }
+        self.env_actions += 1;
+        self.ep
+            .environment
+            .execute(name, args, self.ep.cancel)
+            .map_err(|source| EpisodeError::Environment {
+                source,
+                partial: Box::new(self.counters),
+            })
+    }
+
+    fn advertised(&self, name: &str) -> bool {
+        self.ep
+            .config
+            .tools
+            .iter()
+            .any(|t| t["function"]["name"].as_str() == Some(name))
+    }
+
+    /// A reply to request `req_id`; an episode's replies also name the episode (a live
+    /// session's never do, reference §2.1).
+    fn reply(&self, kind: &str, req_id: u64, fields: Value) -> Value {
+        let mut frame = json!({"type": kind, "req_id": req_id});
+        if let Opening::Episode { .. } = self.ep.opening {
+            frame["episode_id"] = json!(self.ep.config.episode_id);
+        }
+        if let (Value::Object(f), Value::Object(extra)) = (&mut frame, fields) {
+            f.extend(extra);
+        }
+        frame
+    }
+
+    fn send(&mut self, frame: &Value) -> Result<(), EpisodeError> {
+        if let Value::Object(map) = frame {
+            self.ep.observer.frame(Peer::Host, map);
+        }
+        self.channel.send(frame).map_err(|e| self.channel_error(e))
+    }
+
+    /// The outcome when cancellation or the wall budget stopped the conversation. A live
+    /// turn is told to stop (once, best effort: the outcome stands either way).
+    fn interrupted(&mut self) -> Option<EpisodeOutcome> {
+        let (stop, note, why) = if self.ep.cancel.is_cancelled() {
+            (StopReason::Cancelled, None, "cancelled")
+        } else if Instant::now() >= self.deadline {
+            let note = format!(
+                "the episode exceeded its {}s wall budget",
+                self.ep.config.wall.as_secs_f64()
+            );
+            (StopReason::Budget, Some(note), "timeout")
+        } else {
+            return None;
+        };
+        if matches!(self.ep.opening, Opening::LiveTurn { .. }) && !self.aborted {
+            self.aborted = true;
+            let abort = json!({"type": "abort", "reason": why});
+            let _ = self.send(&abort);
+        }
+        Some(self.outcome(stop, String::new(), note, false))
+    }
+
+    fn outcome(
+        &self,
+        stop_reason: StopReason,
+        answer: String,
+        note: Option<String>,
+        runner_idle: bool,
+    ) -> EpisodeOutcome {
+        EpisodeOutcome {
+            stop_reason,
+            answer,
+            counters: self.counters,
+            note,
+            provider_failure: self.provider_failure.clone(),
+            runner_idle,
+        }
+    }
+
+    fn channel_error(&self, source: ChannelError) -> EpisodeError {
+        EpisodeError::Channel {
+            source,
+            partial: Box::new(self.counters),
+        }
+    }
+}
+
+fn req_id(frame: &Frame) -> Option<u64> {
+    frame.get("req_id").and_then(Value::as_u64)
+}

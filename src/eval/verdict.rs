@@ -1,0 +1,115 @@
+//! What an attempt comes to: its status and its record.
+
+use super::attempt::Progress;
+use super::results::{Retries, SandboxRecord, Status, TaskRecord, Timings, VerifyRecord};
+use crate::episode::{EpisodeOutcome, StopReason};
+use crate::task::Task;
+
+/// The record of a task that ended without a verdict: `status` is `error` (or `cancelled`)
+/// and `reason` says why.
+pub(super) fn error_record(
+    task: &Task,
+    status: Status,
+    p: &Progress,
+    attempts: u32,
+    reason: String,
+) -> TaskRecord {
+    let stop_reason = if status == Status::Cancelled {
+        StopReason::Cancelled
+    } else {
+        StopReason::Error
+    };
+    record(
+        task,
+        status,
+        stop_reason,
+        String::new(),
+        None,
+        p,
+        attempts,
+        0.0,
+        Some(reason),
+    )
+}
+
+/// The record of an episode that ran to an outcome, verified or not.
+pub(super) fn outcome_record(
+    task: &Task,
+    o: &EpisodeOutcome,
+    verify: Option<VerifyRecord>,
+    p: &Progress,
+    attempts: u32,
+    verify_secs: f64,
+) -> TaskRecord {
+    // A provider that could not serve the episode is an infrastructure error, not a verdict:
+    // `provider_error` with status `error` is what `--resume` runs again.
+    let (stop_reason, error) = match (&o.provider_failure, o.stop_reason) {
+        (Some(f), stop) if stop != StopReason::Cancelled => {
+            (StopReason::ProviderError, Some(f.message.clone()))
+        }
+        _ => (o.stop_reason, o.note.clone()),
+    };
+    let status = match (stop_reason, &verify) {
+        (StopReason::Cancelled, _) => Status::Cancelled,
+        _ if o.provider_failure.is_some() => Status::Error,
+        (StopReason::Error, _) => Status::Error,
+        (_, Some(v)) if v.exit_code == Some(0) && !v.timed_out => Status::Passed,
+        (_, Some(_)) => Status::Failed,
+        (StopReason::Submit, None) => Status::Passed,
+        (_, None) => Status::Failed,
+    };
+    let mut all = p.clone();
+    all.counters += o.counters;
+    record(
+        task,
+        status,
+        stop_reason,
+        o.answer.clone(),
+        verify,
+        &all,
+        attempts,
+        verify_secs,
+        error,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record(
+    task: &Task,
+    status: Status,
+    stop_reason: StopReason,
+    answer: String,
+    verify: Option<VerifyRecord>,
+    p: &Progress,
+    attempts: u32,
+    verify_secs: f64,
+    error: Option<String>,
+) -> TaskRecord {
+    TaskRecord {
+        id: task.id.clone(),
+        status,
+        stop_reason,
+        answer,
+        verify,
+        turns: p.counters.turns,
+        tool_calls: p.counters.tool_calls,
+        tokens: p.counters.tokens,
+        // The sandbox and the transport retries are the attempt loop's to fill in.
+        sandbox: SandboxRecord {
+            id: None,
+            reused: false,
+            seconds: 0.0,
+        },
+        timings: Timings {
+            acquire: p.acquire,
+            episode: p.episode,
+            verify: verify_secs,
+        },
+        attempts,
+        retries: Retries {
+            transport: 0,
+            provider: p.counters.provider_retries,
+        },
+        error,
+    }
+}
