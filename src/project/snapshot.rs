@@ -164,7 +164,7 @@ impl Project {
         let room =
             (bounds.max_bytes as usize) * 4 / 3 + bounds.max_files * (bounds.max_path + 64) + 4096;
         let out = self
-            .sandbox
+            .sandbox()
             .run(
                 &cmd,
                 &RunOpts {

@@ -1,0 +1,444 @@
+//! An open project: its sandbox (replaced and replayed from the mirror when it is gone),
+//! its mirror, and what can be done with it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    project_path, projects_dir, validate_name, ExecOutput, Notice, ProjectError, ProjectState,
+    EXEC_KILL_AFTER, MAX_EXEC_OUTPUT, WORKSPACE_DIR,
+};
+use crate::sandbox::ledger::unix_now;
+use crate::sandbox::shell_quote;
+use crate::sandbox::{
+    contained_path, Backend, Captured, CreateSpec, ErrorClass, Killed, Metadata, RunOpts, Sandbox,
+    SandboxError,
+};
+use crate::tree::TreeBounds;
+
+/// An open project.
+pub struct Project {
+    state_dir: PathBuf,
+    dir: PathBuf,
+    state: ProjectState,
+    backend: Arc<dyn Backend>,
+    sandbox: Arc<dyn Sandbox>,
+    notices: Vec<Notice>,
+}
+
+impl Project {
+    /// Creates a project and its sandbox. `backend` must lease what it creates.
+    pub fn create(
+        state_dir: &Path,
+        name: &str,
+        backend: Arc<dyn Backend>,
+        template: Option<String>,
+        timeout: Duration,
+    ) -> Result<Project, ProjectError> {
+        validate_name(name)?;
+        let dir = projects_dir(state_dir).join(name);
+        if dir.join("project.json").exists() {
+            return Err(ProjectError::Exists(name.to_string()));
+        }
+        let state_err = |what, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ProjectError::State { what, path, source }
+        };
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir.join("mirror"))
+                .map_err(state_err("create", &dir))?;
+        }
+        let sandbox = create_sandbox(backend.as_ref(), template.as_deref(), timeout)?;
+        let state = ProjectState {
+            name: name.to_string(),
+            backend: backend.name().to_string(),
+            template,
+            lease: lease_of(backend.as_ref(), sandbox.id()),
+            sandbox_id: sandbox.id().to_string(),
+            timeout_secs: timeout.as_secs(),
+            created: unix_now(),
+            replacements: 0,
+        };
+        let project = Project {
+            state_dir: state_dir.to_path_buf(),
+            dir,
+            state,
+            backend,
+            sandbox,
+            notices: Vec::new(),
+        };
+        if let Err(e) = project.init_workspace().and_then(|()| project.save()) {
+            let _ = project.backend.kill(project.sandbox.id());
+            let _ = std::fs::remove_dir_all(&project.dir);
+            return Err(e);
+        }
+        Ok(project)
+    }
+
+    /// Opens an existing project; a sandbox that is gone is replaced and the mirror replayed.
+    pub fn open(
+        state_dir: &Path,
+        name: &str,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Project, ProjectError> {
+        validate_name(name)?;
+        let dir = projects_dir(state_dir).join(name);
+        let path = dir.join("project.json");
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ProjectError::NotFound(name.to_string()))
+            }
+            Err(source) => {
+                return Err(ProjectError::State {
+                    what: "read",
+                    path,
+                    source,
+                })
+            }
+        };
+        let state: ProjectState =
+            serde_json::from_slice(&bytes).map_err(|e| ProjectError::State {
+                what: "parse",
+                path: path.clone(),
+                source: e.into(),
+            })?;
+        if state.backend != backend.name() {
+            return Err(ProjectError::WrongBackend {
+                name: name.to_string(),
+                backend: state.backend,
+                wanted: backend.name().to_string(),
+            });
+        }
+        let sandbox = match backend.connect(&state.sandbox_id) {
+            Ok(s) => Some(s),
+            Err(e) if e.class() == ErrorClass::Gone => None,
+            Err(e) => return Err(ProjectError::sandbox("connect to the project sandbox")(e)),
+        };
+        let mut project = Project {
+            state_dir: state_dir.to_path_buf(),
+            dir,
+            sandbox: match &sandbox {
+                Some(s) => s.clone(),
+                None => create_sandbox(
+                    backend.as_ref(),
+                    state.template.as_deref(),
+                    Duration::from_secs(state.timeout_secs),
+                )?,
+            },
+            state,
+            backend,
+            notices: Vec::new(),
+        };
+        if sandbox.is_none() {
+            project.adopt_replacement()?;
+        }
+        Ok(project)
+    }
+
+    /// Replays the mirror into a freshly created sandbox and records it.
+    fn adopt_replacement(&mut self) -> Result<(), ProjectError> {
+        let old = std::mem::replace(&mut self.state.sandbox_id, self.sandbox.id().to_string());
+        self.state.lease = lease_of(self.backend.as_ref(), self.sandbox.id());
+        self.state.replacements += 1;
+        let replay = self.init_workspace().and_then(|()| {
+            let mirror = self.mirror()?;
+            for (rel, content) in &mirror {
+                self.write_sandbox(rel, content)?;
+            }
+            Ok(mirror.len())
+        });
+        let files = match replay {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = self.backend.kill(self.sandbox.id());
+                return Err(e);
+            }
+        };
+        self.save()?;
+        self.notices.push(Notice::Replaced {
+            old,
+            new: self.sandbox.id().to_string(),
+            files,
+        });
+        Ok(())
+    }
+
+    /// Moves the project to a fresh sandbox: the mirror is replayed into it, then the old
+    /// one is killed (its lease retired).
+    pub fn replace(&mut self) -> Result<(), ProjectError> {
+        let fresh = create_sandbox(
+            self.backend.as_ref(),
+            self.state.template.as_deref(),
+            Duration::from_secs(self.state.timeout_secs),
+        )?;
+        let old = std::mem::replace(&mut self.sandbox, fresh);
+        self.adopt_replacement()?;
+        let _ = self.backend.kill(old.id());
+        Ok(())
+    }
+
+    pub fn state(&self) -> &ProjectState {
+        &self.state
+    }
+
+    pub fn sandbox(&self) -> &Arc<dyn Sandbox> {
+        &self.sandbox
+    }
+
+    /// Notices gathered so far (drained).
+    pub fn take_notices(&mut self) -> Vec<Notice> {
+        std::mem::take(&mut self.notices)
+    }
+
+    /// The absolute workspace directory inside the sandbox.
+    pub fn workspace(&self) -> String {
+        format!(
+            "{}/{WORKSPACE_DIR}",
+            self.sandbox.home().trim_end_matches('/')
+        )
+    }
+
+    fn init_workspace(&self) -> Result<(), ProjectError> {
+        let out = self
+            .sandbox
+            .run(
+                &format!("mkdir -p {WORKSPACE_DIR}"),
+                &RunOpts {
+                    timeout: Duration::from_secs(30),
+                    max_output: 4096,
+                    ..RunOpts::default()
+                },
+            )
+            .map_err(ProjectError::sandbox("create the workspace"))?;
+        if out.exit_code == Some(0) {
+            Ok(())
+        } else {
+            Err(ProjectError::Sandbox {
+                what: "create the workspace".into(),
+                source: SandboxError::Remote {
+                    class: ErrorClass::BadRequest,
+                    message: out.stderr.to_text(),
+                    source: None,
+                },
+            })
+        }
+    }
+
+    fn save(&self) -> Result<(), ProjectError> {
+        let path = self.dir.join("project.json");
+        let err = |source| ProjectError::State {
+            what: "write",
+            path: path.clone(),
+            source,
+        };
+        let json = serde_json::to_vec_pretty(&self.state).map_err(|e| err(e.into()))?;
+        atomic_write(&path, &json).map_err(err)
+    }
+
+    fn mirror_path(&self, rel: &str) -> PathBuf {
+        self.dir.join("mirror").join(rel)
+    }
+
+    fn write_mirror(&self, rel: &str, content: &[u8]) -> Result<(), ProjectError> {
+        let path = self.mirror_path(rel);
+        let err = |source| ProjectError::State {
+            what: "mirror",
+            path: path.clone(),
+            source,
+        };
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(err)?;
+        }
+        atomic_write(&path, content).map_err(err)
+    }
+
+    /// Every mirrored file, by project path.
+    pub fn mirror(&self) -> Result<BTreeMap<String, Vec<u8>>, ProjectError> {
+        let root = self.dir.join("mirror");
+        let mut out = BTreeMap::new();
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            let rd = match std::fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => {
+                    return Err(ProjectError::State {
+                        what: "read",
+                        path: dir,
+                        source,
+                    })
+                }
+            };
+            for entry in rd.flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if let (Ok(rel), Ok(bytes)) =
+                    (path.strip_prefix(&root), std::fs::read(&path))
+                {
+                    if !rel.to_string_lossy().ends_with(".wmo-tmp") {
+                        out.insert(rel.to_string_lossy().into_owned(), bytes);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn write_sandbox(&self, rel: &str, content: &[u8]) -> Result<(), ProjectError> {
+        let full = contained_path(&self.workspace(), rel).map_err(|e| ProjectError::BadPath {
+            path: rel.to_string(),
+            reason: e.to_string(),
+        })?;
+        self.sandbox
+            .write_file(&full, content)
+            .map_err(ProjectError::sandbox(format!("write {rel}")))
+    }
+
+    /// Writes a file into the project and its mirror.
+    pub fn put(&mut self, path: &str, content: &[u8]) -> Result<String, ProjectError> {
+        let rel = project_path(path)?;
+        self.write_sandbox(&rel, content)?;
+        self.write_mirror(&rel, content)?;
+        Ok(rel)
+    }
+
+    /// Reads a file; when the sandbox cannot answer, the mirror does.
+    pub fn get(&mut self, path: &str) -> Result<Vec<u8>, ProjectError> {
+        let rel = project_path(path)?;
+        let full = contained_path(&self.workspace(), &rel).map_err(|e| ProjectError::BadPath {
+            path: rel.clone(),
+            reason: e.to_string(),
+        })?;
+        match self.sandbox.read_file(&full) {
+            Ok(bytes) => Ok(bytes),
+            // A symlink out of the sandbox: refused, and never answered from the mirror
+            // either, which may hold an older file of that name.
+            Err(SandboxError::BadPath { reason, .. }) => Err(ProjectError::BadPath {
+                path: rel,
+                reason: reason.to_string(),
+            }),
+            Err(e) => match std::fs::read(self.mirror_path(&rel)) {
+                Ok(bytes) => Ok(bytes),
+                Err(_) if e.class() == ErrorClass::BadRequest => {
+                    Err(ProjectError::Missing { path: rel })
+                }
+                Err(_) => Err(ProjectError::sandbox(format!("read {rel}"))(e)),
+            },
+        }
+    }
+
+    /// Runs `bash -c command` in the workspace, bounded by `timeout` (TERM, then KILL after a
+    /// grace period). A non-zero exit is a result.
+    pub fn exec(&self, command: &str, timeout: Duration) -> Result<ExecOutput, ProjectError> {
+        let secs = timeout.as_secs().max(1);
+        let script = format!(
+            "cd {WORKSPACE_DIR} && exec timeout --kill-after={}s {secs}s bash --noprofile --norc -c {}",
+            EXEC_KILL_AFTER.as_secs(),
+            shell_quote(command)
+        );
+        let out = self
+            .sandbox
+            .run(
+                &script,
+                &RunOpts {
+                    timeout: timeout + EXEC_KILL_AFTER + Duration::from_secs(20),
+                    max_output: MAX_EXEC_OUTPUT,
+                    ..RunOpts::default()
+                },
+            )
+            .map_err(ProjectError::sandbox("run the command"))?;
+        let merged = Captured::merged(&[&out.stdout, &out.stderr], MAX_EXEC_OUTPUT);
+        let timed_out = out.timed_out || out.exit_code == Some(124);
+        Ok(ExecOutput {
+            exit_code: out.exit_code,
+            output: merged.to_text(),
+            timed_out,
+        })
+    }
+
+    /// Writes a local tree under `dest`, after validating all of it.
+    pub fn stage(
+        &mut self,
+        from: &Path,
+        dest: &str,
+        bounds: TreeBounds,
+    ) -> Result<usize, ProjectError> {
+        let dest = project_path(dest)?;
+        let files = crate::tree::read_tree(from, bounds)?;
+        // Every target path is checked before the first write.
+        let targets: Vec<(String, &String)> = files
+            .iter()
+            .map(|(rel, content)| project_path(&format!("{dest}/{rel}")).map(|p| (p, content)))
+            .collect::<Result<_, _>>()?;
+        for (rel, content) in &targets {
+            self.write_sandbox(rel, content.as_bytes())?;
+            self.write_mirror(rel, content.as_bytes())?;
+        }
+        Ok(targets.len())
+    }
+
+    /// Kills the sandbox (retiring its lease) and removes the project's state.
+    pub fn close(self) -> Result<Killed, ProjectError> {
+        let killed = self
+            .backend
+            .kill(self.sandbox.id())
+            .map_err(ProjectError::sandbox("kill the project sandbox"))?;
+        std::fs::remove_dir_all(&self.dir).map_err(|source| ProjectError::State {
+            what: "remove",
+            path: self.dir.clone(),
+            source,
+        })?;
+        Ok(killed)
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+}
+
+fn create_sandbox(
+    backend: &dyn Backend,
+    template: Option<&str>,
+    timeout: Duration,
+) -> Result<Arc<dyn Sandbox>, ProjectError> {
+    backend
+        .create(&CreateSpec {
+            template: template.map(str::to_string),
+            timeout_secs: timeout.as_secs(),
+            metadata: Metadata::new(),
+            envs: Vec::new(),
+            internet: true,
+        })
+        .map_err(ProjectError::sandbox("create the project sandbox"))
+}
+
+/// The lease tag the backend put on a sandbox.
+fn lease_of(backend: &dyn Backend, id: &str) -> Option<String> {
+    backend
+        .list(&Metadata::new())
+        .ok()?
+        .into_iter()
+        .find(|s| s.id == id)?
+        .metadata
+        .get(crate::sandbox::ledger::TAG_LEASE)
+        .cloned()
+}
+
+fn atomic_write(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_os_string();
+    tmp.push(".wmo-tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(content)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
