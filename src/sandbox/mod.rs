@@ -300,6 +300,21 @@ pub trait Backend: Send + Sync {
     fn kill(&self, id: &str) -> Result<Killed>;
 }
 
+/// Refuses an id the backend could never have made (`well_formed` says whether `id` is one),
+/// so that none reaches a path or a URL: a bad request, which no retry cures. `kind` names
+/// the ids the backend makes ("a local sandbox id").
+pub(crate) fn check_id(id: &str, well_formed: bool, kind: &str) -> Result<()> {
+    if well_formed {
+        Ok(())
+    } else {
+        Err(SandboxError::Remote {
+            class: ErrorClass::BadRequest,
+            message: format!("{id:?} is not {kind}"),
+            source: None,
+        })
+    }
+}
+
 /// Normalizes a relative path (`a//./b` → `a/b`), refusing absolute paths, `..`, NUL bytes
 /// and paths that name nothing; the error is the reason.
 pub fn normalize_relative(rel: &str) -> std::result::Result<String, &'static str> {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use ureq::http::Response;
-use ureq::{Agent, Body};
+use ureq::typestate::{WithBody, WithoutBody};
+use ureq::{Agent, Body, RequestBuilder};
 
 use super::config::E2bConfig;
 use super::error::{api_call_failure, api_failure, call_failure, ApiOp, ApiStatus, Limits};
@@ -22,6 +23,10 @@ const MAX_ERROR_BODY: u64 = 64 << 10;
 const MAX_PAGES: usize = 1000;
 /// The page size of a list.
 const PAGE_LIMIT: &str = "100";
+
+/// A request's method, as the agent starts it on a URL (`Agent::get`, `Agent::post`, ...);
+/// `B` says whether the request carries a body.
+type Method<B> = fn(&Agent, String) -> RequestBuilder<B>;
 
 /// What a create asks for.
 #[derive(Debug, Clone)]
@@ -144,6 +149,35 @@ impl Api {
             .map_err(|e| api_call_failure(op, id, call_failure(e, &self.limits)))
     }
 
+    /// One bodiless request (`Agent::get`, `Agent::delete`) on `path`.
+    fn call(
+        &self,
+        op: ApiOp,
+        id: Option<&str>,
+        method: Method<WithoutBody>,
+        path: &str,
+    ) -> Result<Response<Body>> {
+        self.send(op, id, |a, key| {
+            method(a, self.url(path)).header("X-API-Key", key).call()
+        })
+    }
+
+    /// One request (`Agent::post`, `Agent::put`) sending `body` as JSON to `path`.
+    fn call_json(
+        &self,
+        op: ApiOp,
+        id: Option<&str>,
+        method: Method<WithBody>,
+        path: &str,
+        body: &Value,
+    ) -> Result<Response<Body>> {
+        self.send(op, id, |a, key| {
+            method(a, self.url(path))
+                .header("X-API-Key", key)
+                .send_json(body)
+        })
+    }
+
     /// Reads a success body as JSON.
     fn json<T: serde::de::DeserializeOwned>(
         &self,
@@ -181,22 +215,14 @@ impl Api {
             "allow_internet_access": new.internet,
         });
         if !self.v1_create.load(Ordering::Relaxed) {
-            let resp = self.send(op, None, |a, key| {
-                a.post(self.url("/v2/sandboxes"))
-                    .header("X-API-Key", key)
-                    .send_json(&body)
-            })?;
+            let resp = self.call_json(op, None, Agent::post, "/v2/sandboxes", &body)?;
             if resp.status().as_u16() != 404 {
                 return self.created(op, None, resp);
             }
         }
         // v1 still needs `secure` to get an envd access token; v2 is always secure.
         body["secure"] = Value::Bool(true);
-        let resp = self.send(op, None, |a, key| {
-            a.post(self.url("/sandboxes"))
-                .header("X-API-Key", key)
-                .send_json(&body)
-        })?;
+        let resp = self.call_json(op, None, Agent::post, "/sandboxes", &body)?;
         let access = self.created(op, None, resp)?;
         self.v1_create.store(true, Ordering::Relaxed);
         Ok(access)
@@ -207,20 +233,14 @@ impl Api {
         let op = ApiOp::Connect;
         let body = json!({ "timeout": timeout_secs });
         if !self.v1_connect.load(Ordering::Relaxed) {
-            let resp = self.send(op, Some(id), |a, key| {
-                a.post(self.url(&format!("/v2/sandboxes/{id}/connect")))
-                    .header("X-API-Key", key)
-                    .send_json(&body)
-            })?;
+            let v2 = format!("/v2/sandboxes/{id}/connect");
+            let resp = self.call_json(op, Some(id), Agent::post, &v2, &body)?;
             if resp.status().as_u16() != 404 {
                 return self.created(op, Some(id), resp);
             }
         }
-        let resp = self.send(op, Some(id), |a, key| {
-            a.post(self.url(&format!("/sandboxes/{id}/connect")))
-                .header("X-API-Key", key)
-                .send_json(&body)
-        })?;
+        let v1 = format!("/sandboxes/{id}/connect");
+        let resp = self.call_json(op, Some(id), Agent::post, &v1, &body)?;
         let access = self.created(op, Some(id), resp)?;
         self.v1_connect.store(true, Ordering::Relaxed);
         Ok(access)
@@ -246,11 +266,7 @@ impl Api {
 
     pub fn info(&self, id: &str) -> Result<SandboxDetail> {
         let op = ApiOp::Info;
-        let resp = self.send(op, Some(id), |a, key| {
-            a.get(self.url(&format!("/sandboxes/{id}")))
-                .header("X-API-Key", key)
-                .call()
-        })?;
+        let resp = self.call(op, Some(id), Agent::get, &format!("/sandboxes/{id}"))?;
         let resp = expect(op, Some(id), resp, &[200])?;
         let listed: Listed = self.json(op, Some(id), resp)?;
         Ok(listed.into_detail())
@@ -302,11 +318,7 @@ impl Api {
     /// One kill call: 204 killed, 404 already gone.
     pub fn kill(&self, id: &str) -> Result<Killed> {
         let op = ApiOp::Kill;
-        let resp = self.send(op, Some(id), |a, key| {
-            a.delete(self.url(&format!("/sandboxes/{id}")))
-                .header("X-API-Key", key)
-                .call()
-        })?;
+        let resp = self.call(op, Some(id), Agent::delete, &format!("/sandboxes/{id}"))?;
         match resp.status().as_u16() {
             404 => Ok(Killed::AlreadyGone),
             s if (200..300).contains(&s) => Ok(Killed::Now),
@@ -316,23 +328,28 @@ impl Api {
 
     /// Moves the sandbox's end to `secs` from now (shorter or longer).
     pub fn set_timeout(&self, id: &str, secs: u64) -> Result<()> {
-        let op = ApiOp::SetTimeout;
-        let resp = self.send(op, Some(id), |a, key| {
-            a.post(self.url(&format!("/sandboxes/{id}/timeout")))
-                .header("X-API-Key", key)
-                .send_json(json!({ "timeout": secs }))
-        })?;
-        expect_2xx(op, id, resp)
+        let body = json!({ "timeout": secs });
+        self.change(ApiOp::SetTimeout, id, Agent::post, "timeout", &body)
     }
 
     /// Replaces the sandbox's egress rules with all-or-nothing internet access.
     pub fn set_network(&self, id: &str, internet: bool) -> Result<()> {
-        let op = ApiOp::SetNetwork;
-        let resp = self.send(op, Some(id), |a, key| {
-            a.put(self.url(&format!("/sandboxes/{id}/network")))
-                .header("X-API-Key", key)
-                .send_json(json!({ "allow_internet_access": internet }))
-        })?;
+        let body = json!({ "allow_internet_access": internet });
+        self.change(ApiOp::SetNetwork, id, Agent::put, "network", &body)
+    }
+
+    /// Changes one setting of the sandbox `id` by sending `body` to its `setting` resource;
+    /// any 2xx answer means done.
+    fn change(
+        &self,
+        op: ApiOp,
+        id: &str,
+        method: Method<WithBody>,
+        setting: &str,
+        body: &Value,
+    ) -> Result<()> {
+        let path = format!("/sandboxes/{id}/{setting}");
+        let resp = self.call_json(op, Some(id), method, &path, body)?;
         expect_2xx(op, id, resp)
     }
 }

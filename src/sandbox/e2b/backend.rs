@@ -17,7 +17,7 @@ use super::process::Readers;
 use super::sandbox::E2bSandbox;
 use crate::backoff::{with_retries, Backoff};
 use crate::sandbox::{
-    Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
+    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
     SandboxSummary,
 };
 use crate::sync::lock;
@@ -284,7 +284,7 @@ impl E2bBackend {
 
     /// Opens an existing sandbox by id (resuming it if paused) and returns its concrete handle.
     pub fn connect_e2b(&self, id: &str) -> Result<Arc<E2bSandbox>> {
-        check_id(id)?;
+        check_e2b_id(id)?;
         let access = self
             .api
             .connect(id, self.options.sandbox_timeout.as_secs().max(1))?;
@@ -293,7 +293,7 @@ impl E2bBackend {
 
     /// What the control plane knows about one sandbox.
     pub fn info(&self, id: &str) -> Result<SandboxDetail> {
-        check_id(id)?;
+        check_e2b_id(id)?;
         self.api.info(id)
     }
 
@@ -336,16 +336,8 @@ fn is_rejection(e: &SandboxError) -> bool {
     std::error::Error::source(e).is_some_and(|s| s.is::<CreateRejected>())
 }
 
-fn check_id(id: &str) -> Result<()> {
-    if is_sandbox_id(id) {
-        Ok(())
-    } else {
-        Err(SandboxError::Remote {
-            class: ErrorClass::BadRequest,
-            message: format!("{id:?} is not an e2b sandbox id"),
-            source: None,
-        })
-    }
+fn check_e2b_id(id: &str) -> Result<()> {
+    check_id(id, is_sandbox_id(id), "an e2b sandbox id")
 }
 
 impl Backend for E2bBackend {
@@ -367,7 +359,7 @@ impl Backend for E2bBackend {
 
     /// Kills with retries on transient errors; an error means the kill is not proven.
     fn kill(&self, id: &str) -> Result<Killed> {
-        check_id(id)?;
+        check_e2b_id(id)?;
         let killed = with_retries(
             Backoff::fixed(&self.options.kill_retry_delays),
             &|d| self.clock.sleep(d),
@@ -419,10 +411,10 @@ mod tests {
 
     #[test]
     fn ids_that_could_escape_a_url_path_are_refused() {
-        assert!(check_id("i1a2b3c4d5e6f7g8h9j0k").is_ok());
-        assert!(check_id("isb-6532622b").is_ok());
+        assert!(check_e2b_id("i1a2b3c4d5e6f7g8h9j0k").is_ok());
+        assert!(check_e2b_id("isb-6532622b").is_ok());
         for bad in ["", "a/b", "a?b", "../x", "a b", "a#b"] {
-            assert!(check_id(bad).is_err(), "{bad:?}");
+            assert!(check_e2b_id(bad).is_err(), "{bad:?}");
         }
     }
 }

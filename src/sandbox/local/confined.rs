@@ -18,6 +18,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::sys;
+
 /// Set once `openat2` answered `ENOSYS`.
 static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 /// Retries of an `openat2` that raced a rename or mount (`EAGAIN`).
@@ -54,7 +56,7 @@ impl Beneath {
         let fd = self.resolve(rel, libc::O_RDONLY | libc::O_NONBLOCK, true)?;
         let file = File::from(fd);
         regular(&file)?;
-        set_blocking(file.as_raw_fd())?;
+        sys::set_nonblocking(file.as_raw_fd(), false)?;
         Ok(file)
     }
 
@@ -62,24 +64,15 @@ impl Beneath {
     /// the path is followed.
     pub fn write(&self, rel: &str, data: &[u8]) -> io::Result<()> {
         let (parent, name) = self.parent_dir(rel, true)?;
-        let name = cstring(name.as_bytes())?;
-        // SAFETY: valid fd and C string; the result is owned below.
-        let fd = retry_eintr(|| unsafe {
-            libc::openat(
-                parent.as_raw_fd(),
-                name.as_ptr(),
-                libc::O_WRONLY
-                    | libc::O_CREAT
-                    | libc::O_NOFOLLOW
-                    | libc::O_NONBLOCK
-                    | libc::O_CLOEXEC,
-                0o644 as libc::c_uint,
-            )
-        })?;
-        // SAFETY: fresh descriptor.
-        let mut file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let fd = open_at(
+            parent.as_raw_fd(),
+            name,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            0o644,
+        )?;
+        let mut file = File::from(fd);
         regular(&file)?;
-        set_blocking(file.as_raw_fd())?;
+        sys::set_nonblocking(file.as_raw_fd(), false)?;
         file.set_len(0)?;
         file.write_all(data)?;
         self.hand_over(file.as_raw_fd())
@@ -214,22 +207,14 @@ impl Beneath {
     /// Opens the directory `name` in `parent` without following a symlink, creating it when
     /// `create` and missing; true when it was created.
     fn child_dir(&self, parent: &OwnedFd, name: &str, create: bool) -> io::Result<(OwnedFd, bool)> {
-        let c = cstring(name.as_bytes())?;
         let open = || {
-            // SAFETY: valid fd and C string; the result is owned by the caller.
-            retry_eintr(|| unsafe {
-                libc::openat(
-                    parent.as_raw_fd(),
-                    c.as_ptr(),
-                    libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                )
-            })
-            // SAFETY: fresh descriptor.
-            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+            let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+            open_at(parent.as_raw_fd(), name, flags, 0)
         };
         match open() {
             Ok(fd) => Ok((fd, false)),
             Err(e) if create && e.raw_os_error() == Some(libc::ENOENT) => {
+                let c = cstring(name.as_bytes())?;
                 // SAFETY: valid fd and C string.
                 let rc = unsafe { libc::mkdirat(parent.as_raw_fd(), c.as_ptr(), 0o755) };
                 if rc != 0 {
@@ -260,17 +245,7 @@ impl Beneath {
             }
         }
         let (parent, name) = self.parent_dir(rel, false)?;
-        let c = cstring(name.as_bytes())?;
-        // SAFETY: valid fd and C string; the result is owned below.
-        let fd = retry_eintr(|| unsafe {
-            libc::openat(
-                parent.as_raw_fd(),
-                c.as_ptr(),
-                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        })?;
-        // SAFETY: fresh descriptor.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        open_at(parent.as_raw_fd(), name, flags | libc::O_NOFOLLOW, 0)
     }
 
     fn hand_over(&self, fd: RawFd) -> io::Result<()> {
@@ -325,13 +300,23 @@ fn openat2_beneath(dir: RawFd, rel: &str, flags: libc::c_int) -> io::Result<Owne
 }
 
 fn reopen(fd: &OwnedFd, flags: libc::c_int) -> io::Result<OwnedFd> {
-    let c = cstring(b".")?;
-    // SAFETY: valid fd and C string; the result is owned below.
-    let new = retry_eintr(|| unsafe {
-        libc::openat(fd.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC)
-    })?;
-    // SAFETY: fresh descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+    open_at(fd.as_raw_fd(), ".", flags, 0)
+}
+
+/// Opens `name` in the directory `dir` (a file it creates gets `mode`), close-on-exec and
+/// retried when interrupted. `name` is resolved as `flags` say: this adds no `O_NOFOLLOW`.
+pub(super) fn open_at(
+    dir: RawFd,
+    name: &str,
+    flags: libc::c_int,
+    mode: libc::c_uint,
+) -> io::Result<OwnedFd> {
+    let c = cstring(name.as_bytes())?;
+    // SAFETY: a valid fd and C string; the result is owned below.
+    let fd =
+        retry_eintr(|| unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC, mode) })?;
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn regular(file: &File) -> io::Result<()> {
@@ -346,19 +331,6 @@ fn regular(file: &File) -> io::Result<()> {
             "not a regular file",
         ))
     }
-}
-
-fn set_blocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl on a descriptor we own, integer arguments only.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 fn retry_eintr(mut f: impl FnMut() -> libc::c_int) -> io::Result<libc::c_int> {

@@ -19,9 +19,8 @@
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -434,22 +433,8 @@ fn check(b: &Bwrap) -> Result<(), String> {
         let mut args = b.command_line(&binds, Role::Task, &opts).0;
         args.extend(["--".into(), "/bin/true".into()]);
         let mut cmd = Command::new(&args[0]);
-        cmd.args(&args[1..])
-            .env_clear()
-            .env("PATH", &b.path_env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        match sys::run_bounded(cmd, Duration::from_secs(10)) {
-            Ok(Some((status, _))) if status.success() => Ok(()),
-            Ok(Some((status, stderr))) => Err(if stderr.trim().is_empty() {
-                status.to_string()
-            } else {
-                stderr.trim().to_string()
-            }),
-            Ok(None) => Err("a test sandbox did not finish within 10 s".into()),
-            Err(e) => Err(e.to_string()),
-        }
+        cmd.args(&args[1..]).env_clear().env("PATH", &b.path_env);
+        sys::probe_runs(cmd, "a test sandbox")
     })();
     let _ = std::fs::remove_dir_all(&scratch);
     result
@@ -457,7 +442,7 @@ fn check(b: &Bwrap) -> Result<(), String> {
 
 /// A fresh private directory under the system temp directory for the probe.
 fn tempfile_dir() -> io::Result<PathBuf> {
-    let name = crate::id::random_hex(8).map_err(|e| io::Error::other(e.to_string()))?;
+    let name = sys::random_hex(8)?;
     let dir = std::env::temp_dir().join(format!("wmo-e2b-probe-{name}"));
     std::fs::create_dir(&dir)?;
     Ok(dir)

@@ -10,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::isolation::Isolation;
+use super::sys;
 use crate::sandbox::{Metadata, Role};
 
 pub(super) const ID_PREFIX: &str = "lsb-";
@@ -150,7 +151,7 @@ pub(super) fn read_proc_records(procs_dir: &Path) -> io::Result<Vec<ProcRecord>>
 /// machine is up (after a power loss every local sandbox process is gone anyway). Syncing cost
 /// a disk flush on every deadline change and process start.
 pub(super) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!(".{name}.{}.tmp", random_hex(6)?));
+    let tmp = dir.join(format!(".{name}.{}.tmp", sys::random_hex(6)?));
     let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)
@@ -181,7 +182,7 @@ pub(super) fn private_dir_all(path: &Path) -> io::Result<()> {
 }
 
 pub(super) fn new_id() -> io::Result<String> {
-    Ok(format!("{ID_PREFIX}{}", random_hex(8)?))
+    Ok(format!("{ID_PREFIX}{}", sys::random_hex(8)?))
 }
 
 /// Only names we could have made are ever joined onto the sandboxes directory.
@@ -191,13 +192,6 @@ pub(super) fn is_id(s: &str) -> bool {
         && s[ID_PREFIX.len()..]
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
-fn random_hex(bytes: usize) -> io::Result<String> {
-    crate::id::random_hex(bytes).map_err(|e| match e.raw_os_error() {
-        Some(errno) => io::Error::from_raw_os_error(errno),
-        None => io::Error::other(format!("no randomness: {e}")),
-    })
 }
 
 pub(super) fn now_ms() -> u64 {

@@ -8,51 +8,22 @@
 //! and PID 1 is not gone until they all are: that is what makes "every process this task
 //! started is dead" provable. `reset` kills the task namespace and starts a new one.
 //!
-//! Holders are started with `setsid --fork`, so they belong to no wmo-e2b process and outlive
-//! the command that made them (a project's sandbox does). Each is recorded in
-//! `ns/<name>.json` before its namespace is used, so any wmo-e2b process can join or kill it.
-//! A holder is a session of its own, led by a small watcher on the host that kills the whole
-//! session once the sandbox's `meta.json` is gone (the sandbox killed, or its state directory
-//! deleted under it), so a holder never outlives its sandbox for long even when no wmo-e2b
-//! process is left to kill it.
+//! Each holder is recorded in `ns/<name>.json` before its namespace is used, so any wmo-e2b
+//! process can join or kill it; `holder_start` starts them.
 
-use std::ffi::OsString;
-use std::io::{self, Read};
+use std::io;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::enter::Request;
-use super::isolation::{Binds, Bwrap};
 use super::{meta, sys};
 use crate::sandbox::Role;
 
 /// Where holder records live in a sandbox directory.
 pub(super) const NS_DIR: &str = "ns";
-/// How long a holder may take to report its namespace.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
-/// The fds a nested holder's bwrap finds its parent's namespaces on (see `enter`).
-const JOINED_PID: &str = "10";
-const JOINED_USER: &str = "11";
 /// How long a holder's launcher is given to reap its PID 1 once that has exited.
 const REAP_GRACE: Duration = Duration::from_millis(200);
-/// Bytes of bwrap's `--info-fd` report we read at most.
-const MAX_INFO: usize = 4096;
-
-/// Runs the holder (`$2...`) and watches the sandbox's `meta.json` (`$1`); when it is gone,
-/// kills the whole session: watcher, bwrap and the namespace's PID 1.
-/// The watcher lets go of the pipes at once, so a bwrap that fails leaves them at end of file
-/// and its complaint is read at once.
-/// (A background job's stdin would be /dev/null; bwrap reads its options from it, so it gets
-/// the watcher's, kept aside on fd 9.)
-const WATCH: &str = r#"m=$1; shift
-exec 9<&0
-"$@" <&9 9<&- &
-exec >/dev/null 2>&1 9<&- </dev/null
-while [ -e "$m" ]; do sleep 10; done
-kill -KILL 0"#;
 
 /// Which of a sandbox's namespaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +43,7 @@ impl Space {
     }
 
     /// Whose mounts the holder's mount namespace has (commands may enter it).
-    fn role(self) -> Role {
+    pub fn role(self) -> Role {
         match self {
             Space::Sandbox => Role::System,
             Space::Task | Space::Spare => Role::Task,
@@ -147,234 +118,4 @@ pub(super) fn recorded(sandbox_dir: &Path) -> Vec<Holder> {
         .into_iter()
         .filter_map(|s| read(sandbox_dir, s).ok())
         .collect()
-}
-
-/// Starts the holder of `space` (inside `parent` for the task namespace) and records it.
-pub(super) fn start(
-    bwrap: &Bwrap,
-    binds: &Binds<'_>,
-    sandbox_dir: &Path,
-    space: Space,
-    parent: Option<&Holder>,
-) -> io::Result<Holder> {
-    // A nested holder's bwrap joins the parent's PID namespace (and user namespace) by the
-    // fds the helper hands it, and makes a PID namespace of its own inside.
-    let mut opts: Vec<&str> = Vec::new();
-    match parent {
-        Some(_) => {
-            if bwrap.in_user_namespace() {
-                opts.extend(["--userns", JOINED_USER]);
-            }
-            opts.extend(["--pidns", JOINED_PID, "--unshare-pid"]);
-        }
-        None => opts.extend(bwrap.holder_options()),
-    }
-    // bwrap reports the namespace (and PID 1's pid) as JSON on fd 1.
-    opts.extend(["--info-fd", "1"]);
-    let line = bwrap.command_line(binds, space.role(), &opts);
-    let mut args: Vec<OsString> = Vec::new();
-    // `setsid --fork`: the holder is a session of its own, nobody's child here, and outlives
-    // this process.
-    args.extend([
-        bwrap.setsid.clone().into_os_string(),
-        "--fork".into(),
-        bwrap.sh.clone().into_os_string(),
-        "-c".into(),
-        WATCH.into(),
-        "sh".into(),
-    ]);
-    args.push(sandbox_dir.join(super::meta::META_FILE).into_os_string());
-    // bwrap reads its options from stdin (`--args 0`), so PID 1's command line, which every
-    // process in the namespace can read, names none of the host's paths.
-    let mut line = line.0.into_iter();
-    args.extend(line.next());
-    args.extend(["--args".into(), "0".into()]);
-    let mut options = Vec::new();
-    for a in line {
-        options.extend_from_slice(a.as_encoded_bytes());
-        options.push(0);
-    }
-    // The holder says `ready` once it runs, which is after bwrap has finished the namespace's
-    // mounts: bwrap reports its pid before that, and a command that entered the namespace
-    // earlier would find it half built.
-    args.extend([
-        "--".into(),
-        "sh".into(),
-        "-c".into(),
-        // Its stdout is bwrap's report channel, which bwrap closes in the sandbox.
-        "echo ready >&2; exec sleep infinity".into(),
-    ]);
-    let request = match parent {
-        Some(holder) => Request::Join {
-            holder,
-            user_namespace: bwrap.in_user_namespace(),
-            argv: &args,
-        },
-        None => Request::Plain { argv: &args },
-    };
-    let mut cmd = request.command(&[("PATH", &bwrap.path_env)]);
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn()?;
-    if let Some(mut stdin) = child.stdin.take() {
-        // A few KiB, far below a pipe's buffer: the write never blocks.
-        let written = std::io::Write::write_all(&mut stdin, &options);
-        drop(stdin);
-        if let Err(e) = written {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(e);
-        }
-    }
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::Builder::new()
-        .name("lsb-holder".into())
-        .spawn(move || {
-            let mut info = Vec::new();
-            let mut err = Vec::new();
-            // bwrap's report (one JSON object) on stdout; the holder keeps fd 1 open, so stop
-            // at its end. Then the holder's `ready` on stderr, or bwrap's complaint and EOF.
-            if let Some(out) = stdout {
-                read_until(out, &mut info, |b| b.contains(&b'}'));
-            }
-            if let Some(e) = stderr {
-                read_until(e, &mut err, |b| b.windows(6).any(|w| w == b"ready\n"));
-            }
-            let _ = tx.send((info, String::from_utf8_lossy(&err).into_owned()));
-        })?;
-    let (info, err) = match rx.recv_timeout(START_TIMEOUT) {
-        Ok(r) => r,
-        Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the namespace holder did not start within 10 s",
-            ));
-        }
-    };
-    // `setsid --fork` returns at once; its child carries on as the holder.
-    let _ = child.wait();
-    let ready = err.contains("ready\n");
-    let report = parse_report(&info).filter(|_| ready).ok_or_else(|| {
-        io::Error::other(format!(
-            "bwrap did not start a namespace holder: {}",
-            err.trim()
-        ))
-    })?;
-    let init = host_pid(report, parent)
-        .ok_or_else(|| io::Error::other("the namespace holder's PID 1 is nowhere to be seen"))?;
-    let died = || io::Error::other("the namespace holder died at once");
-    let init_stat = sys::proc_stat(init).ok_or_else(died)?;
-    let leader = sys::proc_stat(init_stat.pgrp).ok_or_else(died)?;
-    let holder = Holder {
-        init,
-        start_time: init_stat.start_time,
-        group: init_stat.pgrp,
-        group_start: leader.start_time,
-    };
-    if let Err(e) = write(sandbox_dir, space, &holder) {
-        let _ = holder.kill(Duration::from_secs(5));
-        return Err(e);
-    }
-    Ok(holder)
-}
-
-/// Reads `src` into `buf` until `done(buf)`, end of file, or [`MAX_INFO`] bytes.
-fn read_until(mut src: impl Read, buf: &mut Vec<u8>, done: impl Fn(&[u8]) -> bool) {
-    let mut chunk = [0u8; 512];
-    while buf.len() < MAX_INFO && !done(buf) {
-        match src.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
-/// What bwrap's info report says: PID 1's pid (as bwrap's own PID namespace numbers it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Report {
-    child_pid: u32,
-}
-
-fn parse_report(info: &[u8]) -> Option<Report> {
-    let end = info.iter().position(|&b| b == b'}')?;
-    let v: serde_json::Value = serde_json::from_slice(&info[..=end]).ok()?;
-    Some(Report {
-        child_pid: u32::try_from(v.get("child-pid")?.as_u64()?).ok()?,
-    })
-}
-
-/// PID 1's pid as the host numbers it. A bwrap started inside the sandbox's PID namespace
-/// (in a user namespace the task namespace is made from inside the sandbox's) reports the pid
-/// that namespace gives it; then the host's is the process numbered so one level down, whose
-/// parent lives in the sandbox's namespace.
-fn host_pid(report: Report, parent: Option<&Holder>) -> Option<u32> {
-    let Some(parent) = parent else {
-        return Some(report.child_pid);
-    };
-    let parent_ns = pid_namespace(parent.init)?;
-    // PID 1 of a namespace one level below the sandbox's, whose parent is in the sandbox's.
-    let nested = |pid: u32| {
-        let levels = ns_pids(pid);
-        levels.len() >= 3
-            && levels.last() == Some(&1)
-            && sys::proc_ppid(pid).and_then(pid_namespace) == Some(parent_ns)
-    };
-    // Reported as the host numbers it (bwrap ran in the host's PID namespace)...
-    if nested(report.child_pid) {
-        return Some(report.child_pid);
-    }
-    // ... or as the sandbox's namespace does.
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .find(|&pid| {
-            let levels = ns_pids(pid);
-            levels.len() >= 3 && levels[levels.len() - 2] == report.child_pid && nested(pid)
-        })
-}
-
-/// The inode of the PID namespace `pid` lives in.
-fn pid_namespace(pid: u32) -> Option<u64> {
-    let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
-    let text = link.to_str()?;
-    text.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
-}
-
-/// The pids `pid` has in each PID namespace it is in, outermost first (`NSpid`).
-fn ns_pids(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
-            line.split_whitespace()
-                .skip(1)
-                .map(|p| p.parse().ok())
-                .collect::<Option<Vec<u32>>>()
-        })
-        .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn info_reports_name_the_child() {
-        let info = b"{\n    \"child-pid\": 4242,\n    \"pid-namespace\": 4026532181\n}\n";
-        assert_eq!(parse_report(info), Some(Report { child_pid: 4242 }));
-        assert_eq!(parse_report(b"{\"child-pid\": -1}"), None);
-        assert_eq!(parse_report(b"garbage"), None);
-    }
-
-    #[test]
-    fn our_own_pids_are_read() {
-        let me = std::process::id();
-        assert!(pid_namespace(me).is_some());
-        assert_eq!(ns_pids(me).first(), Some(&me));
-    }
 }

@@ -2,26 +2,27 @@
 //! capture, background processes with an event stream that a later `connect` can take over.
 //!
 //! Every process is `bash -c` in its own process group, recorded in `procs/<pid>` before the
-//! caller hears of it, so a kill from any wmo-e2b process finds it. One waiter thread per
-//! process reaps it; until then its zombie keeps the pid (and so the group id) from being
-//! reused, which is what makes group signals from other threads safe.
+//! caller hears of it, so a kill from any wmo-e2b process finds it, and entered in the
+//! sandbox's process table (see `proc_table`) until its waiter thread reaps it.
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::{self, Read, Write};
+use std::collections::BTreeMap;
+use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
 use super::enter::Request;
 use super::isolation::Bwrap;
 use super::meta::{self, ProcRecord};
 use super::ns::Space;
-use super::sandbox::{Mode, SandboxState};
+use super::outlet::Outlet;
+use super::proc_table::{ProcEntry, KILL_WAIT};
+use super::state::{Mode, SandboxState};
 use super::sys;
 use crate::sandbox::{
     Captured, Output, Process, ProcessEvent, Result, Role, RunOpts, SandboxError,
@@ -30,18 +31,9 @@ use crate::sync::lock;
 
 /// Read size for process output: large, because a runner may stream megabytes of frames.
 const READ_CHUNK: usize = 64 * 1024;
-/// Chunks buffered per subscriber before the reader blocks (backpressure, never loss).
-const EVENT_BUFFER: usize = 64;
 /// How long output may keep trickling in after a process exits before we stop waiting for
 /// its pipes: a grandchild that escaped the group can hold them open forever.
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
-/// Bound on waiting for a SIGKILLed process to be reaped.
-pub(super) const KILL_WAIT: Duration = Duration::from_secs(5);
-/// Bound on one `send_stdin`: a process that does not read its stdin for this long is stuck.
-pub(super) const STDIN_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often a delivery blocked on a slow subscriber checks whether `connect` replaced it.
-const RETARGET_POLL: Duration = Duration::from_millis(100);
-
 /// Host variables a sandbox process inherits. Everything else is dropped so the host's
 /// credentials (API keys and the like) never reach sandboxed code.
 const PASSTHROUGH_ENV: &[&str] = &["LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM"];
@@ -55,8 +47,6 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 /// argument so it needs no quoting.
 const NETLOCKED_SHELL: &str = "ip link set lo up >/dev/null 2>&1; exec bash -c \"$1\"";
 
-pub(super) type ProcTable = Mutex<HashMap<u32, Arc<ProcEntry>>>;
-
 /// One output pipe of a child, boxed so stdout and stderr share a reader loop.
 type Pipe = Option<Box<dyn Read + Send>>;
 
@@ -64,195 +54,10 @@ type Pipe = Option<Box<dyn Read + Send>>;
 pub(super) struct Launch<'a> {
     pub cmd: &'a str,
     /// As the process sees it: a sandbox path under bwrap, a host path without.
-    pub cwd: &'a str,
+    pub cwd: String,
     pub role: Role,
     pub envs: &'a [(String, String)],
     pub stdin: bool,
-}
-
-/// A process this wmo-e2b process started and has not reaped yet.
-pub(super) struct ProcEntry {
-    pub pid: u32,
-    pub start_time: u64,
-    /// True once the leader is reaped. Group signals take this lock so they never race the
-    /// reaping that frees the pid number.
-    reaped: Mutex<bool>,
-    /// Disconnects when the leader has been reaped.
-    reaped_rx: Receiver<()>,
-    stdin: Mutex<Option<ChildStdin>>,
-    /// `None` for foreground runs, whose output goes to their `Output`.
-    outlet: Option<Outlet>,
-    /// Whether the process is a command's launcher outside the sandbox (under bwrap), the
-    /// command being its child inside.
-    launcher: bool,
-}
-
-impl ProcEntry {
-    /// SIGKILLs the process's group. `Ok(false)` when nothing was left to kill.
-    pub fn kill_group(&self) -> io::Result<bool> {
-        let reaped = lock(&self.reaped);
-        if !*reaped {
-            if self.launcher {
-                // Unreaped (the lock holds off the reaping), the pid is still the launcher's.
-                sys::end_launched(self.pid, self.start_time)?;
-            }
-            return sys::kill_group(self.pid);
-        }
-        drop(reaped);
-        sys::kill_recorded_group(self.pid, self.start_time)
-    }
-
-    /// Whether the leader was reaped within `within`.
-    pub fn wait_reaped(&self, within: Duration) -> bool {
-        matches!(
-            self.reaped_rx.recv_timeout(within),
-            Err(RecvTimeoutError::Disconnected)
-        )
-    }
-
-    /// A new event stream for the process; the previous subscriber's channel disconnects.
-    /// `None` for foreground runs and finished processes.
-    pub fn subscribe(&self) -> Option<Receiver<ProcessEvent>> {
-        self.outlet.as_ref()?.subscribe()
-    }
-
-    /// Writes all of `data` to the process's stdin within `timeout`. The stdin lock is per
-    /// process, so large writes to different processes proceed in parallel.
-    pub fn write_stdin(&self, data: &[u8], timeout: Duration) -> io::Result<()> {
-        let guard = lock(&self.stdin);
-        let Some(stdin) = guard.as_ref() else {
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "stdin is closed or was never opened",
-            ));
-        };
-        let fd = stdin.as_raw_fd();
-        let deadline = Instant::now() + timeout;
-        let mut rest = data;
-        let mut w: &ChildStdin = stdin;
-        while !rest.is_empty() {
-            match w.write(rest) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => rest = &rest[n..],
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() || !sys::wait_writable(fd, left)? {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "the process did not read its stdin in time",
-                        ));
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    pub fn close_stdin(&self) {
-        lock(&self.stdin).take();
-    }
-
-    /// Reaps the exited leader (optionally killing its group first, while the zombie still
-    /// reserves the group id).
-    fn reap(&self, child: &mut Child, kill_group_first: bool) -> io::Result<ExitStatus> {
-        let exited = sys::wait_exit_keep_zombie(self.pid);
-        let mut reaped = lock(&self.reaped);
-        if exited.is_err() {
-            // Cannot happen for our own child; if it does, wait without holding the gate.
-            drop(reaped);
-            let status = child.wait();
-            *lock(&self.reaped) = true;
-            return status;
-        }
-        if kill_group_first {
-            let _ = sys::kill_group(self.pid);
-        }
-        let status = child.wait();
-        *reaped = true;
-        status
-    }
-}
-
-/// Where a background process's output goes: the current subscriber, replaceable by
-/// `connect`.
-pub(super) struct Outlet {
-    sub: Mutex<Subscriber>,
-    /// Held for each delivery, so the final event (delivered under it) follows every chunk.
-    turn: Mutex<()>,
-}
-
-struct Subscriber {
-    tx: Option<Sender<ProcessEvent>>,
-    generation: u64,
-    finished: bool,
-}
-
-impl Outlet {
-    fn new() -> (Outlet, Receiver<ProcessEvent>) {
-        let (tx, rx) = bounded(EVENT_BUFFER);
-        let outlet = Outlet {
-            sub: Mutex::new(Subscriber {
-                tx: Some(tx),
-                generation: 0,
-                finished: false,
-            }),
-            turn: Mutex::new(()),
-        };
-        (outlet, rx)
-    }
-
-    fn subscribe(&self) -> Option<Receiver<ProcessEvent>> {
-        let mut sub = lock(&self.sub);
-        if sub.finished {
-            return None;
-        }
-        let (tx, rx) = bounded(EVENT_BUFFER);
-        sub.tx = Some(tx);
-        sub.generation += 1;
-        Some(rx)
-    }
-
-    fn deliver(&self, event: ProcessEvent) {
-        let _turn = lock(&self.turn);
-        self.send(event);
-    }
-
-    /// Delivers the last event; everything after it is dropped.
-    fn finish(&self, event: ProcessEvent) {
-        let _turn = lock(&self.turn);
-        self.send(event);
-        let mut sub = lock(&self.sub);
-        sub.finished = true;
-        sub.tx = None;
-    }
-
-    fn send(&self, mut event: ProcessEvent) {
-        loop {
-            let (tx, generation) = {
-                let sub = lock(&self.sub);
-                match (&sub.tx, sub.finished) {
-                    (Some(tx), false) => (tx.clone(), sub.generation),
-                    // Nobody listens: drain the pipe anyway so the process never stalls.
-                    _ => return,
-                }
-            };
-            // A bounded send, re-checked, rather than a blocking one: a subscriber that was
-            // abandoned but not dropped must not wedge delivery to the one `connect` made.
-            match tx.send_timeout(event, RETARGET_POLL) {
-                Ok(()) => return,
-                Err(SendTimeoutError::Timeout(back)) => event = back,
-                Err(SendTimeoutError::Disconnected(_)) => {
-                    let mut sub = lock(&self.sub);
-                    if sub.generation == generation {
-                        sub.tx = None;
-                    }
-                    return;
-                }
-            }
-        }
-    }
 }
 
 /// Progress of a background process's readers, so the waiter can tell pipes still carrying
@@ -288,7 +93,7 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
                 user_namespace: bwrap.in_user_namespace(),
                 drop_to: bwrap.drops_to(),
                 own_network: !state.internet(),
-                cwd: l.cwd,
+                cwd: &l.cwd,
                 env: &env,
                 argv: &["/bin/bash", "-c", l.cmd],
             }
@@ -324,7 +129,7 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
             if std::env::var_os("PATH").is_none() {
                 c.env("PATH", DEFAULT_PATH);
             }
-            c.current_dir(l.cwd)
+            c.current_dir(&l.cwd)
                 .env("HOME", home)
                 .envs(state.envs.iter().map(|(k, v)| (k, v)))
                 .envs(l.envs.iter().map(|(k, v)| (k, v)));
@@ -390,7 +195,7 @@ fn start(state: &Arc<SandboxState>, l: &Launch, outlet: Option<Outlet>) -> Resul
         ));
     };
     if let Some(stdin) = &child.stdin {
-        if let Err(e) = sys::set_nonblocking(stdin.as_raw_fd()) {
+        if let Err(e) = sys::set_nonblocking(stdin.as_raw_fd(), true) {
             abandon(&mut child);
             return Err(state.io_error("preparing the process's stdin", e));
         }
@@ -406,22 +211,19 @@ fn start(state: &Arc<SandboxState>, l: &Launch, outlet: Option<Outlet>) -> Resul
         // process would not know it.
         abandon(&mut child);
         return Err(if e.kind() == io::ErrorKind::NotFound {
-            state.mark_gone();
-            state.gone()
+            state.gone_now()
         } else {
             state.io_error("recording a process", e)
         });
     }
-    let (reaped_tx, reaped_rx) = bounded(0);
-    let entry = Arc::new(ProcEntry {
+    let (entry, reaped_tx) = ProcEntry::new(
         pid,
-        start_time: stat.start_time,
-        reaped: Mutex::new(false),
-        reaped_rx,
-        stdin: Mutex::new(child.stdin.take()),
+        stat.start_time,
+        child.stdin.take(),
         outlet,
-        launcher: matches!(state.mode, Mode::Bwrap(_)),
-    });
+        matches!(state.mode, Mode::Bwrap(_)),
+    );
+    let entry = Arc::new(entry);
     lock(&state.procs).insert(pid, Arc::clone(&entry));
     Ok(Started {
         entry,
@@ -482,36 +284,66 @@ fn pump(mut src: impl Read, mut sink: impl FnMut(&[u8]), done: Sender<()>) {
     let _ = done.send(());
 }
 
+/// Starts one reader thread per output pipe of the started child, stdout's feeding
+/// `sinks[0]` and stderr's `sinks[1]`. The receiver hears once from each pipe, at its end of
+/// file.
+fn start_readers<F>(
+    state: &SandboxState,
+    started: &mut Started,
+    name: &str,
+    sinks: [F; 2],
+) -> Result<Receiver<()>>
+where
+    F: FnMut(&[u8]) + Send + 'static,
+{
+    let (done_tx, done_rx) = bounded(2);
+    for (i, (stream, sink)) in pipes(&mut started.child).into_iter().zip(sinks).enumerate() {
+        let Some(stream) = stream else {
+            let _ = done_tx.send(());
+            continue;
+        };
+        let done = done_tx.clone();
+        if let Err(e) = spawn_thread(format!("{name}-{i}"), move || pump(stream, sink, done)) {
+            return Err(fail_started(
+                state,
+                &started.entry,
+                Some(&mut started.child),
+                e,
+            ));
+        }
+    }
+    Ok(done_rx)
+}
+
+/// Drops a process whose leader was reaped from the table, and its record too once nothing
+/// of its group runs any more.
+fn forget_reaped(state: &SandboxState, pid: u32) {
+    lock(&state.procs).remove(&pid);
+    if sys::live_groups(&[pid]).is_empty() {
+        meta::remove_proc_record(&state.dir, pid);
+    }
+}
+
 /// Runs a foreground command to completion or its timeout.
 pub(super) fn run(state: &Arc<SandboxState>, l: &Launch, opts: &RunOpts) -> Result<Output> {
-    let Started {
-        entry,
-        mut child,
-        reaped_tx,
-    } = start(state, l, None)?;
-    let pid = entry.pid;
+    let mut started = start(state, l, None)?;
+    let pid = started.entry.pid;
     let max = opts.max_output;
     let captures = [
         Arc::new(Mutex::new(Captured::default())),
         Arc::new(Mutex::new(Captured::default())),
     ];
-    let (done_tx, done_rx) = bounded(2);
-    for (i, (stream, capture)) in pipes(&mut child).into_iter().zip(&captures).enumerate() {
-        let Some(stream) = stream else {
-            let _ = done_tx.send(());
-            continue;
-        };
+    let sinks = captures.each_ref().map(|capture| {
         let capture = Arc::clone(capture);
-        let done = done_tx.clone();
-        let sink = move |data: &[u8]| lock(&capture).push(data, max);
-        if let Err(e) = spawn_thread(format!("lsb-run-{pid}-{i}"), move || {
-            pump(stream, sink, done)
-        }) {
-            return Err(fail_started(state, &entry, Some(&mut child), e));
-        }
-    }
-    drop(done_tx);
+        move |data: &[u8]| lock(&capture).push(data, max)
+    });
+    let done_rx = start_readers(state, &mut started, &format!("lsb-run-{pid}"), sinks)?;
 
+    let Started {
+        entry,
+        mut child,
+        reaped_tx,
+    } = started;
     let (exit_tx, exit_rx) = bounded(1);
     let waiter_entry = Arc::clone(&entry);
     let waiter = move || {
@@ -553,10 +385,7 @@ pub(super) fn run(state: &Arc<SandboxState>, l: &Launch, opts: &RunOpts) -> Resu
             break;
         }
     }
-    lock(&state.procs).remove(&pid);
-    if sys::live_groups(&[pid]).is_empty() {
-        meta::remove_proc_record(&state.dir, pid);
-    }
+    forget_reaped(state, pid);
     let status = status.map_err(|e| state.io_error("waiting for a command", e))?;
     let exit_code = status.code();
     if exit_code.is_none() && !timed_out {
@@ -576,39 +405,27 @@ pub(super) fn run(state: &Arc<SandboxState>, l: &Launch, opts: &RunOpts) -> Resu
 /// Starts a background process whose output arrives as events.
 pub(super) fn spawn(state: &Arc<SandboxState>, l: &Launch) -> Result<Process> {
     let (outlet, events) = Outlet::new();
+    let mut started = start(state, l, Some(outlet))?;
+    let pid = started.entry.pid;
+    let activity = Arc::new(Activity::default());
+    let events_of: [fn(Vec<u8>) -> ProcessEvent; 2] = [ProcessEvent::Stdout, ProcessEvent::Stderr];
+    let sinks = events_of.map(|make| {
+        let entry = Arc::clone(&started.entry);
+        let act = Arc::clone(&activity);
+        move |data: &[u8]| {
+            act.reads.fetch_add(1, Ordering::SeqCst);
+            act.delivering.fetch_add(1, Ordering::SeqCst);
+            entry.deliver(make(data.to_vec()));
+            act.delivering.fetch_sub(1, Ordering::SeqCst);
+        }
+    });
+    let done_rx = start_readers(state, &mut started, &format!("lsb-proc-{pid}"), sinks)?;
+
     let Started {
         entry,
         mut child,
         reaped_tx,
-    } = start(state, l, Some(outlet))?;
-    let pid = entry.pid;
-    let activity = Arc::new(Activity::default());
-    let (done_tx, done_rx) = bounded(2);
-    let events_of: [fn(Vec<u8>) -> ProcessEvent; 2] = [ProcessEvent::Stdout, ProcessEvent::Stderr];
-    for (i, (stream, make)) in pipes(&mut child).into_iter().zip(events_of).enumerate() {
-        let Some(stream) = stream else {
-            let _ = done_tx.send(());
-            continue;
-        };
-        let sink_entry = Arc::clone(&entry);
-        let act = Arc::clone(&activity);
-        let sink = move |data: &[u8]| {
-            act.reads.fetch_add(1, Ordering::SeqCst);
-            act.delivering.fetch_add(1, Ordering::SeqCst);
-            if let Some(outlet) = &sink_entry.outlet {
-                outlet.deliver(make(data.to_vec()));
-            }
-            act.delivering.fetch_sub(1, Ordering::SeqCst);
-        };
-        let done = done_tx.clone();
-        if let Err(e) = spawn_thread(format!("lsb-proc-{pid}-{i}"), move || {
-            pump(stream, sink, done)
-        }) {
-            return Err(fail_started(state, &entry, Some(&mut child), e));
-        }
-    }
-    drop(done_tx);
-
+    } = started;
     let waiter_entry = Arc::clone(&entry);
     let waiter_state = Arc::clone(state);
     let waiter = move || {
@@ -616,17 +433,12 @@ pub(super) fn spawn(state: &Arc<SandboxState>, l: &Launch) -> Result<Process> {
         let status = waiter_entry.reap(&mut child, false);
         drop(reaped_tx);
         drain(&done_rx, &activity);
-        lock(&waiter_state.procs).remove(&pid);
-        if sys::live_groups(&[pid]).is_empty() {
-            meta::remove_proc_record(&waiter_state.dir, pid);
-        }
+        forget_reaped(&waiter_state, pid);
         let last = match status {
             Ok(status) => ProcessEvent::Exit(status.code()),
             Err(e) => ProcessEvent::Failed(waiter_state.io_error("waiting for a process", e)),
         };
-        if let Some(outlet) = &waiter_entry.outlet {
-            outlet.finish(last);
-        }
+        waiter_entry.finish(last);
     };
     if let Err(e) = spawn_thread(format!("lsb-proc-{pid}-wait"), waiter) {
         return Err(fail_started(state, &entry, None, e));

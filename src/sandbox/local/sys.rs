@@ -16,6 +16,8 @@ const GROUP_POLL: Duration = Duration::from_millis(5);
 const LAUNCHER_GRACE: Duration = Duration::from_millis(500);
 /// A launcher reaps its exited child within microseconds; poll for that finely.
 const REAP_POLL: Duration = Duration::from_millis(1);
+/// How long a probe of what this host can do may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What `/proc/<pid>/stat` says about one process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,11 +71,17 @@ fn as_pgid(pid: u32) -> Option<libc::pid_t> {
 
 /// SIGKILLs the process group `pgid`. `Ok(false)` when no such group exists.
 pub(super) fn kill_group(pgid: u32) -> io::Result<bool> {
-    let Some(g) = as_pgid(pgid) else {
-        return Ok(false);
-    };
+    match as_pgid(pgid) {
+        Some(g) => sigkill(-g),
+        None => Ok(false),
+    }
+}
+
+/// SIGKILLs `target`: a process, or (negative) a process group. `Ok(false)` when there is no
+/// such process or group.
+fn sigkill(target: libc::pid_t) -> io::Result<bool> {
     // SAFETY: kill(2) has no memory-safety preconditions; a negative pid addresses a group.
-    if unsafe { libc::kill(-g, libc::SIGKILL) } == 0 {
+    if unsafe { libc::kill(target, libc::SIGKILL) } == 0 {
         return Ok(true);
     }
     let err = io::Error::last_os_error();
@@ -143,13 +151,24 @@ pub(super) fn live_groups(pgids: &[u32]) -> Vec<u32> {
 /// Polls until none of `pgids` has a running member, for at most `within`; returns the groups
 /// still alive at the end.
 pub(super) fn wait_groups_gone(pgids: &[u32], within: Duration) -> Vec<u32> {
-    let deadline = Instant::now() + within;
+    let mut live = Vec::new();
+    poll_until(Instant::now() + within, GROUP_POLL, || {
+        live = live_groups(pgids);
+        live.is_empty()
+    });
+    live
+}
+
+/// Checks `done` every `period` until it holds or `deadline` has passed; whether it held.
+fn poll_until(deadline: Instant, period: Duration, mut done: impl FnMut() -> bool) -> bool {
     loop {
-        let live = live_groups(pgids);
-        if live.is_empty() || Instant::now() >= deadline {
-            return live;
+        if done() {
+            return true;
         }
-        std::thread::sleep(GROUP_POLL);
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(period);
     }
 }
 
@@ -179,6 +198,14 @@ pub(super) fn wait_exit_keep_zombie(pid: u32) -> io::Result<()> {
     }
 }
 
+/// `bytes` random bytes as lowercase hex (see [`crate::id::random_hex`]), failing as I/O does.
+pub(super) fn random_hex(bytes: usize) -> io::Result<String> {
+    crate::id::random_hex(bytes).map_err(|e| match e.raw_os_error() {
+        Some(errno) => io::Error::from_raw_os_error(errno),
+        None => io::Error::other(format!("no randomness: {e}")),
+    })
+}
+
 /// Hands `path` (not following a symlink there) to the sandbox user.
 pub(super) fn chown(path: &std::path::Path, uid: u32) -> io::Result<()> {
     std::os::unix::fs::lchown(path, Some(uid), Some(uid))
@@ -191,18 +218,8 @@ pub(super) fn kill_recorded(pid: u32, start_time: u64) -> io::Result<bool> {
         return Ok(false);
     };
     match proc_stat(pid) {
-        Some(stat) if stat.start_time == start_time && stat.is_running() => {}
-        _ => return Ok(false),
-    }
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    if unsafe { libc::kill(p, libc::SIGKILL) } == 0 {
-        return Ok(true);
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(false)
-    } else {
-        Err(err)
+        Some(stat) if stat.start_time == start_time && stat.is_running() => sigkill(p),
+        _ => Ok(false),
     }
 }
 
@@ -234,30 +251,15 @@ pub(super) fn wait_gone(pid: u32, start_time: u64, within: Duration) -> bool {
             return true;
         }
     }
-    loop {
-        if !is_alive(pid, start_time) {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(GROUP_POLL);
-    }
+    poll_until(deadline, GROUP_POLL, || !is_alive(pid, start_time))
 }
 
 /// Waits until the recorded process, exited, has been reaped by its parent (its pid is
 /// free), for at most `within`; true if it has.
 pub(super) fn wait_reaped(pid: u32, start_time: u64, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if proc_stat(pid).is_none_or(|s| s.start_time != start_time) {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(REAP_POLL);
-    }
+    poll_until(Instant::now() + within, REAP_POLL, || {
+        proc_stat(pid).is_none_or(|s| s.start_time != start_time)
+    })
 }
 
 /// SIGKILLs the children of the launcher `pid` (the commands it started inside a sandbox),
@@ -318,15 +320,22 @@ fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
     Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
 }
 
-/// Sets O_NONBLOCK on our end of a pipe so writes can be given a deadline.
-pub(super) fn set_nonblocking(fd: libc::c_int) -> io::Result<()> {
+/// Sets or clears O_NONBLOCK on a descriptor we own: set on our end of a pipe so writes can
+/// be given a deadline, cleared on a file opened without blocking (so a FIFO could not block
+/// the open) once it is known to be a regular file.
+pub(super) fn set_nonblocking(fd: libc::c_int, nonblocking: bool) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor we own, with integer arguments only.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if flags < 0 {
         return Err(io::Error::last_os_error());
     }
+    let flags = if nonblocking {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
     // SAFETY: as above.
-    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -403,31 +412,39 @@ fn probe_netlock() -> Result<&'static str, String> {
     // Unprivileged users need a user namespace (mapped to root inside) to own a netns.
     let flag = if root { "-n" } else { "-rn" };
     let mut cmd = Command::new("unshare");
-    cmd.args([flag, "true"])
-        .stdin(Stdio::null())
+    cmd.args([flag, "true"]);
+    probe_runs(cmd, "it").map(|()| flag).map_err(|why| {
+        format!(
+            "the local backend cannot lock the network here: unshare {flag} failed ({why}); \
+             run as root or enable unprivileged user namespaces"
+        )
+    })
+}
+
+/// Runs a short probe command (with no input and only its complaints read) for at most
+/// [`PROBE_TIMEOUT`]; `Err` says why it failed, in its own words when it gave any. `what`
+/// names the probe in the message of one that did not finish.
+pub(super) fn probe_runs(mut cmd: Command, what: &str) -> Result<(), String> {
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    let why = match run_bounded(cmd, Duration::from_secs(10)) {
-        Ok(Some((status, _))) if status.success() => return Ok(flag),
-        Ok(Some((status, stderr))) => {
-            let stderr = stderr.trim();
-            if stderr.is_empty() {
-                status.to_string()
-            } else {
-                stderr.to_string()
-            }
-        }
-        Ok(None) => "it did not finish within 10 s".to_string(),
-        Err(e) => e.to_string(),
-    };
-    Err(format!(
-        "the local backend cannot lock the network here: unshare {flag} failed ({why}); \
-         run as root or enable unprivileged user namespaces"
-    ))
+    match run_bounded(cmd, PROBE_TIMEOUT) {
+        Ok(Some((status, _))) if status.success() => Ok(()),
+        Ok(Some((status, stderr))) => Err(if stderr.trim().is_empty() {
+            status.to_string()
+        } else {
+            stderr.trim().to_string()
+        }),
+        Ok(None) => Err(format!(
+            "{what} did not finish within {} s",
+            PROBE_TIMEOUT.as_secs()
+        )),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Runs a short probe command with a deadline; `None` if it had to be killed.
-pub(super) fn run_bounded(
+fn run_bounded(
     mut cmd: Command,
     timeout: Duration,
 ) -> io::Result<Option<(std::process::ExitStatus, String)>> {

@@ -5,16 +5,16 @@
 //! and a process start racing the kill fails to record itself (its directory is gone) and
 //! kills its own child. Then (under bwrap) the PID 1 of each of the sandbox's namespaces is
 //! SIGKILLed, which takes every process in them down however it detached, and then every
-//! recorded process group; the kill is confirmed, and the tombstone is removed. A tombstone left by a crash
-//! is finished by the next sweep.
+//! recorded process group; the kill is confirmed, and the tombstone is removed. A tombstone
+//! left by a crash is finished by the next sweep.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::meta::{self, PROCS_DIR};
+use super::meta::{self, ProcRecord, PROCS_DIR};
 use super::ns;
-use super::process::{ProcTable, KILL_WAIT};
+use super::proc_table::{ProcTable, KILL_WAIT};
 use super::sys;
 use crate::sandbox::{Result, SandboxError};
 use crate::sync::lock;
@@ -59,21 +59,8 @@ pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) ->
             Err(e) => return Err(io_error(format!("killing namespace holder {}", h.init), e)),
         }
     }
-    let mut signalled = Vec::new();
-    for rec in &records {
-        let ours = table.and_then(|t| lock(t).get(&rec.pid).cloned());
-        let killed = match ours {
-            Some(entry) => entry.kill_group(),
-            None => sys::kill_recorded_group(rec.pid, rec.start_time),
-        };
-        match killed {
-            Ok(true) => signalled.push(rec.pid),
-            // Already gone, or the pid now names another process: nothing of ours is left.
-            Ok(false) => {}
-            Err(e) => return Err(io_error(format!("killing process group {}", rec.pid), e)),
-        }
-    }
-    let alive = sys::wait_groups_gone(&signalled, KILL_WAIT);
+    let alive = kill_recorded_groups(&records, table)
+        .map_err(|(pgid, e)| io_error(format!("killing process group {pgid}"), e))?;
     if !alive.is_empty() {
         // Keep the tombstone so the next sweep tries again.
         return Err(io_error(
@@ -84,6 +71,31 @@ pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) ->
     // Best effort: nothing runs any more, and a leftover tombstone is removed by the next sweep.
     let _ = fs::remove_dir_all(tomb);
     Ok(())
+}
+
+/// SIGKILLs the process group of each record (through its entry in `table` when this
+/// wmo-e2b process started it, so that a launcher outlives its command) and waits, for at
+/// most [`KILL_WAIT`], until none of them runs; returns the groups still running. `Err` names
+/// the group that could not be signalled.
+pub(super) fn kill_recorded_groups<'a>(
+    records: impl IntoIterator<Item = &'a ProcRecord>,
+    table: Option<&ProcTable>,
+) -> std::result::Result<Vec<u32>, (u32, io::Error)> {
+    let mut signalled = Vec::new();
+    for rec in records {
+        let ours = table.and_then(|t| lock(t).get(&rec.pid).cloned());
+        let killed = match ours {
+            Some(entry) => entry.kill_group(),
+            None => sys::kill_recorded_group(rec.pid, rec.start_time),
+        };
+        match killed {
+            Ok(true) => signalled.push(rec.pid),
+            // Already gone, or the pid now names another process: nothing of ours is left.
+            Ok(false) => {}
+            Err(e) => return Err((rec.pid, e)),
+        }
+    }
+    Ok(sys::wait_groups_gone(&signalled, KILL_WAIT))
 }
 
 /// Buries and finishes the sandbox `id` when no in-process state knows it.

@@ -1,51 +1,26 @@
-//! Starting a process inside a sandbox, through a helper that is this very program.
-//!
-//! Joining a holder's namespaces and dropping privileges must happen in the new process,
-//! between its fork and its exec. Done there in this process (`pre_exec`), every start would
-//! be a full `fork()` of a process with many threads, whose page tables the kernel copies;
-//! `posix_spawn`, which std uses otherwise, copies nothing but runs no code of ours in the
-//! child. So a sandbox process is started through a helper: this program again
-//! (`/proc/self/exe`), spawned cheaply, with a request on its command line. A hook that runs
-//! before `main` in every program linking this library (the CLI and every test binary)
-//! spots the request, carries it out, and never returns to `main`.
-//!
-//! The requests:
-//! - **enter**: join every namespace of a holder, change root and directory, and start the
-//!   command as a child (a PID namespace takes in only the children of a process that
-//!   joined it), which drops every privilege and execs. The helper stays outside as the
-//!   command's launcher: it reaps the command and ends as it ended (the shape of `nsenter
-//!   --fork`). That launcher outside is why a holder's PID 1 is killed before the command
-//!   groups (see `Holder::kill`).
-//! - **join**: open a holder's PID namespace (and user namespace) as fd 10 (and 11) and exec
-//!   the rest with them: a nested holder's bwrap, which joins them itself (`--pidns 10`).
-//! - **plain**: exec the rest.
-//!
-//! A holder's pid is checked to still name that holder after its namespaces are opened,
-//! through the same `/proc` entry, so a recycled pid never puts a process in someone else's
-//! namespace. Every request passes on nothing but stdio (and the fds `join` opens): fds the
-//! caller holds, or inherited from its own parent, close at the exec. The command's
-//! variables travel in the helper's environment under names of ours (which only root and
-//! the owner can read, unlike a command line), so none of them reaches the helper's own
-//! start as root (a loader variable such as LD_PRELOAD there would run code as root).
+//! The helper's side: a hook that runs before `main`, spots a request on the command line,
+//! and carries it out (joining a holder's namespaces, dropping privileges, exec'ing the
+//! command and launching it) without ever returning to `main`. The protocol's names and
+//! numbers live here, with the code that reads them; `request` writes them.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-use super::ns::Holder;
-use super::sys;
+use crate::sandbox::local::confined::open_at;
+use crate::sandbox::local::sys;
 
 /// The first argument that makes a program linking this library the helper. An option, so
 /// that a program in which the hook somehow did not run refuses it rather than acting on it.
-const REQUEST: &str = "--wmo-e2b-sandbox-helper";
+pub(super) const REQUEST: &str = "--wmo-e2b-sandbox-helper";
 /// The prefix of the variables that carry the command's environment, numbered in order.
-const ENV_PREFIX: &str = "WMO_E2B_SANDBOX_ENV_";
-/// The fds `join` hands on: the PID namespace, then the user namespace (`ns` names them to
-/// bwrap).
+pub(super) const ENV_PREFIX: &str = "WMO_E2B_SANDBOX_ENV_";
+/// The fds `join` hands on: the PID namespace, then the user namespace (`holder_start` names
+/// them to bwrap).
 const JOINED_PID_FD: RawFd = 10;
 const JOINED_USER_FD: RawFd = 11;
 /// The exit statuses of a helper that failed before the command could run: could not enter
@@ -53,102 +28,11 @@ const JOINED_USER_FD: RawFd = 11;
 const CANNOT_ENTER: i32 = 125;
 const CANNOT_EXEC: i32 = 127;
 
-/// How a sandbox process is started.
-pub(super) enum Request<'a> {
-    /// The command `argv` (its program by path, as the sandbox sees it) in every namespace
-    /// of `holder`, at `cwd`, with exactly `env`.
-    Enter {
-        holder: &'a Holder,
-        user_namespace: bool,
-        /// As root: the uid and gid to drop to. In a user namespace the command already is
-        /// the sandbox user, and its exec drops the capabilities joining gave it.
-        drop_to: Option<u32>,
-        /// A network namespace of the command's own, with only a loopback device, instead
-        /// of the holder's (the host's network).
-        own_network: bool,
-        cwd: &'a str,
-        env: &'a [(String, String)],
-        argv: &'a [&'a str],
-    },
-    /// `argv` with the holder's PID namespace on [`JOINED_PID_FD`] (and its user namespace
-    /// on [`JOINED_USER_FD`]).
-    Join {
-        holder: &'a Holder,
-        user_namespace: bool,
-        argv: &'a [OsString],
-    },
-    /// Just `argv`, with nothing of ours but stdio.
-    Plain { argv: &'a [OsString] },
-}
-
-impl Request<'_> {
-    /// The helper's command for this request: it inherits no variable of ours (`Plain` and
-    /// `Join` pass `env` on to their program; `Enter` sets the command's own).
-    pub fn command(&self, env: &[(&str, &str)]) -> Command {
-        // Referenced here so that whatever starts helpers links the hook in with it.
-        std::hint::black_box(&HELPER_HOOK);
-        let mut args: Vec<OsString> = vec![REQUEST.into()];
-        let mut c = Command::new("/proc/self/exe");
-        c.env_clear();
-        match self {
-            Request::Enter {
-                holder,
-                user_namespace,
-                drop_to,
-                own_network,
-                cwd,
-                env: command_env,
-                argv,
-            } => {
-                args.extend(["enter".into(), holder_arg(holder)]);
-                args.push(flag(*user_namespace, "u").into());
-                args.push(drop_to.map_or("-".into(), |id| id.to_string()).into());
-                args.push(flag(*own_network, "n").into());
-                args.push(cwd.into());
-                args.extend(argv.iter().map(OsString::from));
-                for (i, (k, v)) in command_env.iter().enumerate() {
-                    c.env(format!("{ENV_PREFIX}{i}"), format!("{k}={v}"));
-                }
-            }
-            Request::Join {
-                holder,
-                user_namespace,
-                argv,
-            } => {
-                args.extend(["join".into(), holder_arg(holder)]);
-                args.push(flag(*user_namespace, "u").into());
-                args.extend(argv.iter().cloned());
-            }
-            Request::Plain { argv } => {
-                args.push("plain".into());
-                args.extend(argv.iter().cloned());
-            }
-        }
-        if !matches!(self, Request::Enter { .. }) {
-            c.envs(env.iter().copied());
-        }
-        c.args(args);
-        c
-    }
-}
-
-fn holder_arg(h: &Holder) -> OsString {
-    format!("{}:{}", h.init, h.start_time).into()
-}
-
-fn flag(on: bool, name: &str) -> &str {
-    if on {
-        name
-    } else {
-        "-"
-    }
-}
-
 // The hook: glibc runs `.init_array` entries before `main`, in every program, with the
 // process still single-threaded.
 #[used]
 #[link_section = ".init_array"]
-static HELPER_HOOK: extern "C" fn() = helper_hook;
+pub(super) static HELPER_HOOK: extern "C" fn() = helper_hook;
 
 extern "C" fn helper_hook() {
     // Every other start of a program linking this library pays one read of its own
@@ -272,7 +156,7 @@ fn open_holder(named: &OsStr, user: bool, every: bool) -> Result<Opened, Failure
         .and_then(|(p, t)| Some((p.parse::<u32>().ok()?, t.parse::<u64>().ok()?)))
         .ok_or_else(|| cannot_enter("a malformed holder in a sandbox helper request"))?;
     let entry = File::open(format!("/proc/{pid}")).map_err(|_| gone())?;
-    let at = |name: &str| open_at(&entry, name).map_err(|_| gone());
+    let at = |name: &str| open_at(entry.as_raw_fd(), name, libc::O_RDONLY, 0).map_err(|_| gone());
     let pid = at("ns/pid")?;
     let user = if user { Some(at("ns/user")?) } else { None };
     let rest = if every {
@@ -298,26 +182,8 @@ fn open_holder(named: &OsStr, user: bool, every: bool) -> Result<Opened, Failure
 
 impl Opened {
     fn holder_lives(&self) -> bool {
-        open_at(&self.entry, "stat").is_ok()
+        open_at(self.entry.as_raw_fd(), "stat", libc::O_RDONLY, 0).is_ok()
     }
-}
-
-/// Opens `name` beneath the open directory `dir`, close-on-exec.
-fn open_at(dir: &File, name: &str) -> io::Result<OwnedFd> {
-    let c = CString::new(name).map_err(io::Error::other)?;
-    // SAFETY: a valid directory fd and C string; the fd returned is ours alone.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: just opened, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Puts `fd` on `number`, to be inherited by the program exec'd next.
@@ -608,50 +474,6 @@ fn check(rc: libc::c_int) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_request_is_the_option_then_its_kind() {
-        let h = Holder {
-            init: 42,
-            start_time: 7,
-            group: 41,
-            group_start: 6,
-        };
-        let env = [("A".to_string(), "1".to_string())];
-        let c = Request::Enter {
-            holder: &h,
-            user_namespace: false,
-            drop_to: Some(1000),
-            own_network: true,
-            cwd: "/home/user",
-            env: &env,
-            argv: &["/bin/bash", "-c", "echo hi"],
-        }
-        .command(&[("PATH", "/bin")]);
-        let args: Vec<&OsStr> = c.get_args().collect();
-        assert_eq!(
-            args,
-            [
-                REQUEST,
-                "enter",
-                "42:7",
-                "-",
-                "1000",
-                "n",
-                "/home/user",
-                "/bin/bash",
-                "-c",
-                "echo hi"
-            ]
-        );
-        let envs: Vec<_> = c.get_envs().collect();
-        // The command's variables travel under our names; the caller's PATH does not reach
-        // the helper.
-        assert_eq!(
-            envs,
-            [(OsStr::new("WMO_E2B_SANDBOX_ENV_0"), Some(OsStr::new("A=1")))]
-        );
-    }
 
     #[test]
     fn malformed_requests_are_refused() {

@@ -1,42 +1,5 @@
-//! The local backend: sandboxes are directories on this machine. Under bubblewrap (the
-//! default where it works; see `isolation`) every sandbox process runs in namespaces that show
-//! it only the system directories, read-only, and the sandbox's own: its home at `/home/user`,
-//! a private `/tmp`, and (for the runner) `/opt/wmo-e2b`. Under `--isolation none` processes
-//! are plain host processes in their own process groups: **not a security boundary**. Either
-//! way the environment is scrubbed and every file the host reads or writes for a sandbox is
-//! resolved beneath the sandbox's directories (see `confined`).
-//!
-//! Layout, under `<state>/sandboxes/` (and `<state>/sandbox-identity/`, the passwd and group
-//! files bwrap sandboxes see):
-//!
-//! ```text
-//! <id>/meta.json     id, created, deadline, metadata, template, internet, owner_pid, envs,
-//!                    isolation
-//! <id>/procs/<pid>   one per started process: its start time and role, then its command
-//! <id>/ns/           the holders of its PID namespaces (bwrap; see `ns`)
-//! <id>/root/         the sandbox's home()
-//! <id>/tmp/          its /tmp (bwrap)
-//! <id>/system/       its system_dir()
-//! <id>/sealed/       the copy of home and /tmp that `reset` restores (see `reset`)
-//! .dead-<id>-<rand>  a sandbox being killed (see `teardown`)
-//! .new-<id>          a sandbox being created
-//! ```
-//!
-//! Lifetimes: a sandbox dies at its deadline. Every `LocalBackend::open` (so every wmo-e2b
-//! command) sweeps expired sandboxes, each backend runs a watcher thread that kills its own
-//! sandboxes when their deadline passes, and any call on an expired sandbox kills it. Killing
-//! a sandbox kills every process group it started, whichever wmo-e2b process started it.
-
-pub mod confined;
-mod enter;
-pub mod isolation;
-mod meta;
-mod ns;
-mod process;
-mod reset;
-mod sandbox;
-mod sys;
-mod teardown;
+//! The local backend itself: opening the state directory, creating and connecting to
+//! sandboxes, listing and killing them, and the sweep and watcher that end expired ones.
 
 use std::collections::HashMap;
 use std::fs;
@@ -49,16 +12,15 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
-pub use confined::Beneath;
-pub use isolation::{Isolation, IsolationChoice};
-pub use sandbox::LocalSandbox;
-
-use self::meta::{Meta, MetaError, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
-use self::ns::{Space, NS_DIR};
-use self::sandbox::{Mode, SandboxState};
-use self::teardown::{STAGING_PREFIX, TOMB_PREFIX};
-use super::{
-    Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
+use super::isolation::{self, Isolation, IsolationChoice};
+use super::meta::{self, Meta, MetaError, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
+use super::ns::{Space, NS_DIR};
+use super::sandbox::LocalSandbox;
+use super::state::{HostConfig, Mode, SandboxState};
+use super::sys;
+use super::teardown::{self, STAGING_PREFIX, TOMB_PREFIX};
+use crate::sandbox::{
+    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
     SandboxSummary,
 };
 use crate::sync::lock;
@@ -83,14 +45,6 @@ pub struct LocalBackend {
     /// Dropping it stops the watcher.
     stop: Option<Sender<()>>,
     watcher: Option<JoinHandle<()>>,
-}
-
-/// What every sandbox of a backend shares.
-pub(crate) struct HostConfig {
-    /// The passwd and group files bound into bwrap sandboxes.
-    passwd: PathBuf,
-    group: PathBuf,
-    system_read_only: Vec<(PathBuf, String)>,
 }
 
 struct Shared {
@@ -212,12 +166,7 @@ impl LocalBackend {
             envs: spec.envs.clone(),
             isolation,
         };
-        let state = SandboxState::new(
-            &self.shared.sandboxes,
-            &self.shared.sandboxes_str,
-            &m,
-            Arc::clone(&self.shared.host),
-        )?;
+        let state = self.shared.state_of(&m)?;
         let owner = state.file_owner();
         // Built aside and renamed into place, so no reader ever sees half a sandbox.
         let staging = self.shared.sandboxes.join(format!("{STAGING_PREFIX}{id}"));
@@ -259,7 +208,7 @@ impl LocalBackend {
 
     /// Opens an existing sandbox by id and returns its concrete handle.
     pub fn connect_local(&self, id: &str) -> Result<Arc<LocalSandbox>> {
-        check_id(id)?;
+        check_local_id(id)?;
         if let Some(state) = self.shared.registered(id) {
             state.ensure_live()?;
             return Ok(Arc::new(LocalSandbox { state }));
@@ -280,12 +229,7 @@ impl LocalBackend {
             self.shared.destroy(id)?;
             return Err(gone());
         }
-        let fresh = SandboxState::new(
-            &self.shared.sandboxes,
-            &self.shared.sandboxes_str,
-            &m,
-            Arc::clone(&self.shared.host),
-        )?;
+        let fresh = self.shared.state_of(&m)?;
         let state = {
             let mut registry = lock(&self.shared.registry);
             // Another thread may have connected meanwhile; share its state (and process table).
@@ -364,24 +308,26 @@ impl Backend for LocalBackend {
     }
 
     fn kill(&self, id: &str) -> Result<Killed> {
-        check_id(id)?;
+        check_local_id(id)?;
         self.shared.destroy(id)
     }
 }
 
-fn check_id(id: &str) -> Result<()> {
-    if meta::is_id(id) {
-        Ok(())
-    } else {
-        Err(SandboxError::Remote {
-            class: ErrorClass::BadRequest,
-            message: format!("{id:?} is not a local sandbox id"),
-            source: None,
-        })
-    }
+fn check_local_id(id: &str) -> Result<()> {
+    check_id(id, meta::is_id(id), "a local sandbox id")
 }
 
 impl Shared {
+    /// The in-process state of the sandbox `meta` describes (not yet registered).
+    fn state_of(&self, meta: &Meta) -> Result<SandboxState> {
+        SandboxState::new(
+            &self.sandboxes,
+            &self.sandboxes_str,
+            meta,
+            Arc::clone(&self.host),
+        )
+    }
+
     fn registered(&self, id: &str) -> Option<Arc<SandboxState>> {
         lock(&self.registry)
             .get(id)

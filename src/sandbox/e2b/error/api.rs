@@ -1,0 +1,179 @@
+//! Control-plane answers: what an error status means for each operation.
+
+use super::body::ErrorBody;
+use super::call::CallFailure;
+use crate::sandbox::{ErrorClass, SandboxError};
+
+/// The control-plane operation an answer belongs to; it decides what a 404 or a 5xx means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiOp {
+    Create,
+    Connect,
+    Info,
+    List,
+    Kill,
+    SetTimeout,
+    SetNetwork,
+}
+
+impl ApiOp {
+    pub fn describe(self) -> &'static str {
+        match self {
+            ApiOp::Create => "creating a sandbox",
+            ApiOp::Connect => "connecting to a sandbox",
+            ApiOp::Info => "reading sandbox info",
+            ApiOp::List => "listing sandboxes",
+            ApiOp::Kill => "killing a sandbox",
+            ApiOp::SetTimeout => "setting a sandbox timeout",
+            ApiOp::SetNetwork => "updating a sandbox network",
+        }
+    }
+
+    /// Whether the operation names one existing sandbox, so a 404 means it is gone.
+    fn names_a_sandbox(self) -> bool {
+        !matches!(self, ApiOp::Create | ApiOp::List)
+    }
+}
+
+/// `error_code` values the API sends when it cannot place a sandbox right now.
+const PLACEMENT_CODES: &[&str] = &[
+    "sandbox_capacity_unavailable",
+    "sandbox_no_compatible_node",
+    "sandbox_placement_timeout",
+    "sandbox_create_failed",
+];
+
+/// The class of a control-plane error status.
+pub fn api_class(op: ApiOp, status: u16, error_code: Option<&str>) -> ErrorClass {
+    if error_code.is_some_and(|c| PLACEMENT_CODES.contains(&c)) {
+        return ErrorClass::Capacity;
+    }
+    let places = matches!(op, ApiOp::Create | ApiOp::Connect);
+    match status {
+        401 | 403 => ErrorClass::Auth,
+        404 if op.names_a_sandbox() => ErrorClass::Gone,
+        // Create and connect (which may resume) need room on a host; anything else failing
+        // with these is the service having trouble, which a fresh try may not see.
+        429 => ErrorClass::Capacity,
+        500 | 502 | 503 | 504 if places => ErrorClass::Capacity,
+        // "The sandbox is still transitioning": a moment later it may work.
+        409 if op.names_a_sandbox() => ErrorClass::Transport,
+        400..=499 => ErrorClass::BadRequest,
+        _ => ErrorClass::Transport,
+    }
+}
+
+/// A control-plane error answer, kept as the source of the error it caused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("HTTP {status}: {message}")]
+pub struct ApiStatus {
+    pub status: u16,
+    /// The semantic code some answers carry (`sandbox_capacity_unavailable`, ...).
+    pub error_code: Option<String>,
+    pub message: String,
+}
+
+impl ApiStatus {
+    /// Reads an error body: `{"code": <int>, "message": "...", "error_code"?: "..."}`, or
+    /// anything else, kept as text.
+    pub fn parse(status: u16, body: &[u8]) -> ApiStatus {
+        let body = ErrorBody::parse(body);
+        ApiStatus {
+            status,
+            error_code: body.text_field("error_code").map(str::to_string),
+            message: body.message(),
+        }
+    }
+}
+
+/// The error a control-plane answer `status` stands for.
+pub fn api_failure(op: ApiOp, sandbox_id: Option<&str>, status: ApiStatus) -> SandboxError {
+    let class = api_class(op, status.status, status.error_code.as_deref());
+    if let (ErrorClass::Gone, Some(id)) = (class, sandbox_id) {
+        return SandboxError::Gone { id: id.to_string() };
+    }
+    let target = sandbox_id.map(|id| format!(" {id}")).unwrap_or_default();
+    SandboxError::Remote {
+        class,
+        message: format!(
+            "e2b refused {}{target} (HTTP {})",
+            op.describe(),
+            status.status
+        ),
+        source: Some(Box::new(status)),
+    }
+}
+
+/// The seam error for a control-plane exchange that got no answer.
+pub fn api_call_failure(op: ApiOp, sandbox_id: Option<&str>, call: CallFailure) -> SandboxError {
+    let target = sandbox_id.map(|id| format!(" {id}")).unwrap_or_default();
+    SandboxError::Remote {
+        class: call.class,
+        message: format!("{}{target}: {}", op.describe(), call.detail),
+        source: call.source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_statuses_are_classified_per_operation() {
+        use ApiOp::*;
+        use ErrorClass::*;
+        let cases = [
+            (Create, 401, None, Auth),
+            (Kill, 403, None, Auth),
+            (Create, 429, None, Capacity),
+            (Create, 500, None, Capacity),
+            (Create, 502, None, Capacity),
+            (Create, 503, None, Capacity),
+            (Connect, 504, None, Capacity),
+            (Create, 400, None, BadRequest),
+            (Create, 404, None, BadRequest),
+            (Create, 409, None, BadRequest),
+            (Create, 422, None, BadRequest),
+            (Connect, 404, None, Gone),
+            (Info, 404, None, Gone),
+            (SetTimeout, 404, None, Gone),
+            (SetNetwork, 409, None, Transport),
+            (List, 400, None, BadRequest),
+            (List, 500, None, Transport),
+            (Kill, 503, None, Transport),
+            (Kill, 429, None, Capacity),
+            (Create, 507, None, Transport),
+            // The semantic code wins over an unusual status.
+            (Create, 400, Some("sandbox_capacity_unavailable"), Capacity),
+            (Create, 500, Some("internal_server_error"), Capacity),
+            (Create, 400, Some("something_else"), BadRequest),
+        ];
+        for (op, status, code, want) in cases {
+            assert_eq!(
+                api_class(op, status, code),
+                want,
+                "{op:?} {status} {code:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn api_failures_keep_the_answer_as_source() {
+        let status = ApiStatus::parse(
+            503,
+            br#"{"code":503,"message":"Failed to place sandbox","error_code":"sandbox_capacity_unavailable"}"#,
+        );
+        assert_eq!(
+            status.error_code.as_deref(),
+            Some("sandbox_capacity_unavailable")
+        );
+        let err = api_failure(ApiOp::Create, None, status);
+        assert_eq!(err.class(), ErrorClass::Capacity);
+        let source = std::error::Error::source(&err).unwrap().to_string();
+        assert!(source.contains("Failed to place sandbox"), "{source}");
+
+        let err = api_failure(ApiOp::Kill, Some("isb"), ApiStatus::parse(404, b"nope"));
+        assert!(matches!(err, SandboxError::Gone { id } if id == "isb"));
+        assert_eq!(ApiStatus::parse(500, b"").message, "(empty body)");
+    }
+}

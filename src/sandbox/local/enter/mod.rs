@@ -1,0 +1,34 @@
+//! Starting a process inside a sandbox, through a helper that is this very program.
+//!
+//! Joining a holder's namespaces and dropping privileges must happen in the new process,
+//! between its fork and its exec. Done there in this process (`pre_exec`), every start would
+//! be a full `fork()` of a process with many threads, whose page tables the kernel copies;
+//! `posix_spawn`, which std uses otherwise, copies nothing but runs no code of ours in the
+//! child. So a sandbox process is started through a helper: this program again
+//! (`/proc/self/exe`), spawned cheaply, with a request on its command line. A hook that runs
+//! before `main` in every program linking this library (the CLI and every test binary)
+//! spots the request, carries it out, and never returns to `main`.
+//!
+//! The requests:
+//! - **enter**: join every namespace of a holder, change root and directory, and start the
+//!   command as a child (a PID namespace takes in only the children of a process that
+//!   joined it), which drops every privilege and execs. The helper stays outside as the
+//!   command's launcher: it reaps the command and ends as it ended (the shape of `nsenter
+//!   --fork`). That launcher outside is why a holder's PID 1 is killed before the command
+//!   groups (see `Holder::kill`).
+//! - **join**: open a holder's PID namespace (and user namespace) as fd 10 (and 11) and exec
+//!   the rest with them: a nested holder's bwrap, which joins them itself (`--pidns 10`).
+//! - **plain**: exec the rest.
+//!
+//! A holder's pid is checked to still name that holder after its namespaces are opened,
+//! through the same `/proc` entry, so a recycled pid never puts a process in someone else's
+//! namespace. Every request passes on nothing but stdio (and the fds `join` opens): fds the
+//! caller holds, or inherited from its own parent, close at the exec. The command's
+//! variables travel in the helper's environment under names of ours (which only root and
+//! the owner can read, unlike a command line), so none of them reaches the helper's own
+//! start as root (a loader variable such as LD_PRELOAD there would run code as root).
+
+mod helper;
+mod request;
+
+pub(super) use request::Request;

@@ -1,0 +1,149 @@
+//! The caller's side: a request written onto the helper's command line and environment.
+
+use std::ffi::OsString;
+use std::process::Command;
+
+use super::helper::{ENV_PREFIX, HELPER_HOOK, REQUEST};
+use crate::sandbox::local::ns::Holder;
+
+/// How a sandbox process is started.
+pub(in crate::sandbox::local) enum Request<'a> {
+    /// The command `argv` (its program by path, as the sandbox sees it) in every namespace
+    /// of `holder`, at `cwd`, with exactly `env`.
+    Enter {
+        holder: &'a Holder,
+        user_namespace: bool,
+        /// As root: the uid and gid to drop to. In a user namespace the command already is
+        /// the sandbox user, and its exec drops the capabilities joining gave it.
+        drop_to: Option<u32>,
+        /// A network namespace of the command's own, with only a loopback device, instead
+        /// of the holder's (the host's network).
+        own_network: bool,
+        cwd: &'a str,
+        env: &'a [(String, String)],
+        argv: &'a [&'a str],
+    },
+    /// `argv` with the holder's PID namespace on fd `helper::JOINED_PID_FD` (and its user
+    /// namespace on `helper::JOINED_USER_FD`).
+    Join {
+        holder: &'a Holder,
+        user_namespace: bool,
+        argv: &'a [OsString],
+    },
+    /// Just `argv`, with nothing of ours but stdio.
+    Plain { argv: &'a [OsString] },
+}
+
+impl Request<'_> {
+    /// The helper's command for this request: it inherits no variable of ours (`Plain` and
+    /// `Join` pass `env` on to their program; `Enter` sets the command's own).
+    pub fn command(&self, env: &[(&str, &str)]) -> Command {
+        // Referenced here so that whatever starts helpers links the hook in with it.
+        std::hint::black_box(&HELPER_HOOK);
+        let mut args: Vec<OsString> = vec![REQUEST.into()];
+        let mut c = Command::new("/proc/self/exe");
+        c.env_clear();
+        match self {
+            Request::Enter {
+                holder,
+                user_namespace,
+                drop_to,
+                own_network,
+                cwd,
+                env: command_env,
+                argv,
+            } => {
+                args.extend(["enter".into(), holder_arg(holder)]);
+                args.push(flag(*user_namespace, "u").into());
+                args.push(drop_to.map_or("-".into(), |id| id.to_string()).into());
+                args.push(flag(*own_network, "n").into());
+                args.push(cwd.into());
+                args.extend(argv.iter().map(OsString::from));
+                for (i, (k, v)) in command_env.iter().enumerate() {
+                    c.env(format!("{ENV_PREFIX}{i}"), format!("{k}={v}"));
+                }
+            }
+            Request::Join {
+                holder,
+                user_namespace,
+                argv,
+            } => {
+                args.extend(["join".into(), holder_arg(holder)]);
+                args.push(flag(*user_namespace, "u").into());
+                args.extend(argv.iter().cloned());
+            }
+            Request::Plain { argv } => {
+                args.push("plain".into());
+                args.extend(argv.iter().cloned());
+            }
+        }
+        if !matches!(self, Request::Enter { .. }) {
+            c.envs(env.iter().copied());
+        }
+        c.args(args);
+        c
+    }
+}
+
+fn holder_arg(h: &Holder) -> OsString {
+    format!("{}:{}", h.init, h.start_time).into()
+}
+
+fn flag(on: bool, name: &str) -> &str {
+    if on {
+        name
+    } else {
+        "-"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::*;
+
+    #[test]
+    fn a_request_is_the_option_then_its_kind() {
+        let h = Holder {
+            init: 42,
+            start_time: 7,
+            group: 41,
+            group_start: 6,
+        };
+        let env = [("A".to_string(), "1".to_string())];
+        let c = Request::Enter {
+            holder: &h,
+            user_namespace: false,
+            drop_to: Some(1000),
+            own_network: true,
+            cwd: "/home/user",
+            env: &env,
+            argv: &["/bin/bash", "-c", "echo hi"],
+        }
+        .command(&[("PATH", "/bin")]);
+        let args: Vec<&OsStr> = c.get_args().collect();
+        assert_eq!(
+            args,
+            [
+                REQUEST,
+                "enter",
+                "42:7",
+                "-",
+                "1000",
+                "n",
+                "/home/user",
+                "/bin/bash",
+                "-c",
+                "echo hi"
+            ]
+        );
+        let envs: Vec<_> = c.get_envs().collect();
+        // The command's variables travel under our names; the caller's PATH does not reach
+        // the helper.
+        assert_eq!(
+            envs,
+            [(OsStr::new("WMO_E2B_SANDBOX_ENV_0"), Some(OsStr::new("A=1")))]
+        );
+    }
+}

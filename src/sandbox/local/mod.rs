@@ -1,0 +1,71 @@
+//! The local backend: sandboxes are directories on this machine. Under bubblewrap (the
+//! default where it works; see `isolation`) every sandbox process runs in namespaces that show
+//! it only the system directories, read-only, and the sandbox's own: its home at `/home/user`,
+//! a private `/tmp`, and (for the runner) `/opt/wmo-e2b`. Under `--isolation none` processes
+//! are plain host processes in their own process groups: **not a security boundary**. Either
+//! way the environment is scrubbed and every file the host reads or writes for a sandbox is
+//! resolved beneath the sandbox's directories (see `confined`).
+//!
+//! Layout, under `<state>/sandboxes/` (and `<state>/sandbox-identity/`, the passwd and group
+//! files bwrap sandboxes see):
+//!
+//! ```text
+//! <id>/meta.json     id, created, deadline, metadata, template, internet, owner_pid, envs,
+//!                    isolation
+//! <id>/procs/<pid>   one per started process: its start time and role, then its command
+//! <id>/ns/           the holders of its PID namespaces (bwrap; see `ns`)
+//! <id>/root/         the sandbox's home()
+//! <id>/tmp/          its /tmp (bwrap)
+//! <id>/system/       its system_dir()
+//! <id>/sealed/       the copy of home and /tmp that `reset` restores (see `reset`)
+//! .dead-<id>-<rand>  a sandbox being killed (see `teardown`)
+//! .new-<id>          a sandbox being created
+//! ```
+//!
+//! Lifetimes: a sandbox dies at its deadline. Every `LocalBackend::open` (so every wmo-e2b
+//! command) sweeps expired sandboxes, each backend runs a watcher thread that kills its own
+//! sandboxes when their deadline passes, and any call on an expired sandbox kills it. Killing
+//! a sandbox kills every process group it started, whichever wmo-e2b process started it.
+//!
+//! Modules, each using only those above it:
+//!
+//! ```text
+//! sys           process syscalls, /proc reads, probes
+//! confined      host file operations that never leave a sandbox directory
+//! isolation     bwrap: found, probed, its command lines
+//! meta          on-disk records: meta.json, procs/<pid>, ids
+//! ns            namespace holders: their records, and killing them
+//! enter         starting a process in a holder's namespaces through a helper
+//! holder_start  starting a holder
+//! outlet        a background process's output, to its current subscriber
+//! proc_table    the processes this wmo-e2b process started and has not reaped
+//! snapshot      copies and listings of directory trees
+//! teardown      killing a sandbox
+//! state         what every handle on one sandbox shares
+//! process       starting processes and carrying their output
+//! reset         seal and reset
+//! sandbox       the `Sandbox` handle
+//! backend       the `Backend`: create, connect, list, kill, sweep, watch
+//! ```
+
+mod backend;
+pub mod confined;
+mod enter;
+mod holder_start;
+pub mod isolation;
+mod meta;
+mod ns;
+mod outlet;
+mod proc_table;
+mod process;
+mod reset;
+mod sandbox;
+mod snapshot;
+mod state;
+mod sys;
+mod teardown;
+
+pub use backend::{LocalBackend, LocalOptions};
+pub use confined::Beneath;
+pub use isolation::{Isolation, IsolationChoice};
+pub use sandbox::LocalSandbox;

@@ -1,0 +1,480 @@
+//! What every handle on one local sandbox shares within this wmo-e2b process: where its
+//! directories are and how the sandbox sees them, its namespace holders, its process table,
+//! its cached deadline, and the checks and errors every operation on it goes through.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use super::confined::Beneath;
+use super::holder_start;
+use super::isolation::{
+    self, Binds, Bwrap, Isolation, BWRAP_HOME, BWRAP_SYSTEM, BWRAP_TMP, SANDBOX_UID,
+};
+use super::meta::{self, Meta, MetaError, META_FILE, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
+use super::ns::{self, Holder, Space};
+use super::proc_table::{ProcEntry, ProcTable};
+use super::snapshot::Sealed;
+use super::sys;
+use super::teardown;
+use crate::sandbox::{normalize_relative, ErrorClass, Killed, Result, Role, SandboxError};
+use crate::sync::lock;
+
+/// What every sandbox of a backend shares.
+pub(super) struct HostConfig {
+    /// The passwd and group files bound into bwrap sandboxes.
+    pub passwd: PathBuf,
+    pub group: PathBuf,
+    /// Host directories shown read-only to [`Role::System`] processes, and where.
+    pub system_read_only: Vec<(PathBuf, String)>,
+}
+
+/// How a sandbox's processes start.
+#[derive(Clone, Copy)]
+pub(super) enum Mode {
+    Bwrap(&'static Bwrap),
+    None,
+}
+
+/// One of the sandbox's directories: where the sandbox sees it, and where it is on the host.
+struct Mount {
+    at: String,
+    host: PathBuf,
+}
+
+/// What every handle on one sandbox shares within this wmo-e2b process: the table of processes
+/// it started (so `connect(pid)` and `send_stdin` work from any handle) and cached meta.
+pub(super) struct SandboxState {
+    pub id: String,
+    /// `<state>/sandboxes/<id>`.
+    pub dir: PathBuf,
+    pub sandboxes: PathBuf,
+    pub mode: Mode,
+    /// `home()` and `system_dir()` as the sandbox's processes see them.
+    pub home: String,
+    pub system: String,
+    /// The sandbox paths the host may read and write, and the host directories behind them.
+    mounts: Vec<Mount>,
+    pub envs: Vec<(String, String)>,
+    host: Arc<HostConfig>,
+    /// Unix seconds. A cache: when it passes, meta.json is read again, since another wmo-e2b
+    /// process may have extended it.
+    deadline: AtomicU64,
+    internet: AtomicBool,
+    gone: AtomicBool,
+    /// Serializes read-modify-write of meta.json within this process.
+    meta_lock: Mutex<()>,
+    /// So a second concurrent kill returns only once the first has finished.
+    destroy_lock: Mutex<()>,
+    /// The namespace holders last seen alive (bwrap only), by `Space`.
+    holders: Mutex<[Option<Holder>; 3]>,
+    /// The spare task namespace being made in the background, if any.
+    spare: Mutex<Option<JoinHandle<Result<Holder>>>>,
+    /// What `reset` returns to, once sealed.
+    pub sealed: Mutex<Option<Sealed>>,
+    pub procs: ProcTable,
+}
+
+impl SandboxState {
+    pub fn new(
+        sandboxes: &Path,
+        home_base: &str,
+        meta: &Meta,
+        host: Arc<HostConfig>,
+    ) -> Result<SandboxState> {
+        let dir = sandboxes.join(&meta.id);
+        let mount = |at: String, name: &str| Mount {
+            at,
+            host: dir.join(name),
+        };
+        let (mode, mounts): (Mode, Vec<Mount>) = match meta.isolation {
+            Isolation::Bwrap => {
+                let bwrap = isolation::probe().map_err(|why| {
+                    SandboxError::Unsupported(format!(
+                        "sandbox {} was made with --isolation bwrap, which cannot run here: {why}",
+                        meta.id
+                    ))
+                })?;
+                let mounts = [
+                    (BWRAP_HOME, ROOT_DIR),
+                    (BWRAP_TMP, TMP_DIR),
+                    (BWRAP_SYSTEM, SYSTEM_DIR),
+                ]
+                .map(|(at, name)| mount(at.into(), name));
+                (Mode::Bwrap(bwrap), mounts.into())
+            }
+            // Unconfined processes see host paths; the sandbox's own /tmp is the host's.
+            Isolation::None => {
+                let base = format!("{home_base}/{}", meta.id);
+                let mounts =
+                    [ROOT_DIR, SYSTEM_DIR].map(|name| mount(format!("{base}/{name}"), name));
+                (Mode::None, mounts.into())
+            }
+        };
+        let home = mounts[0].at.clone();
+        let system = mounts
+            .iter()
+            .find(|m| m.host.ends_with(SYSTEM_DIR))
+            .map_or_else(String::new, |m| m.at.clone());
+        Ok(SandboxState {
+            id: meta.id.clone(),
+            dir,
+            sandboxes: sandboxes.to_path_buf(),
+            mode,
+            home,
+            system,
+            mounts,
+            envs: meta.envs.clone(),
+            host,
+            deadline: AtomicU64::new(meta.deadline),
+            internet: AtomicBool::new(meta.internet),
+            gone: AtomicBool::new(false),
+            meta_lock: Mutex::new(()),
+            destroy_lock: Mutex::new(()),
+            holders: Mutex::new([None, None, None]),
+            spare: Mutex::new(None),
+            sealed: Mutex::new(None),
+            procs: Mutex::default(),
+        })
+    }
+
+    /// This sandbox's directories as bwrap binds them.
+    pub fn binds(&self) -> Binds<'_> {
+        Binds {
+            home: &self.mounts[0].host,
+            tmp: &self.mounts[1].host,
+            system: &self.mounts[2].host,
+            passwd: &self.host.passwd,
+            group: &self.host.group,
+            shared: &self.host.system_read_only,
+        }
+    }
+
+    /// The holder of a namespace, alive (bwrap only).
+    pub fn holder(&self, space: Space) -> Result<Holder> {
+        let slot = space as usize;
+        if let Some(h) = lock(&self.holders)[slot].filter(Holder::is_alive) {
+            return Ok(h);
+        }
+        // Another wmo-e2b process may have replaced it (a reset), or it died.
+        match ns::read(&self.dir, space) {
+            Ok(h) if h.is_alive() => {
+                lock(&self.holders)[slot] = Some(h);
+                Ok(h)
+            }
+            Ok(_) | Err(_) => {
+                self.ensure_live()?;
+                Err(self.io_error(
+                    "joining the sandbox's namespace",
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("the {space:?} namespace of the sandbox is gone"),
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Starts the holder of `space` and caches it.
+    pub fn start_holder(&self, bwrap: &Bwrap, space: Space) -> Result<Holder> {
+        let parent = match space {
+            Space::Sandbox => None,
+            Space::Task | Space::Spare => Some(self.holder(Space::Sandbox)?),
+        };
+        let h = holder_start::start(bwrap, &self.binds(), &self.dir, space, parent.as_ref())
+            .map_err(|e| self.io_error("starting the sandbox's namespace", e))?;
+        lock(&self.holders)[space as usize] = Some(h);
+        Ok(h)
+    }
+
+    /// Starts making the next task namespace in the background.
+    pub fn prepare_spare(self: &Arc<Self>, bwrap: &'static Bwrap) {
+        let state = Arc::clone(self);
+        let job = std::thread::Builder::new()
+            .name("lsb-spare".into())
+            .spawn(move || state.start_holder(bwrap, Space::Spare));
+        // No thread: the next reset makes its namespace itself.
+        *lock(&self.spare) = job.ok();
+    }
+
+    /// Makes a fresh task namespace the sandbox's: the spare when one is ready, else a new
+    /// one now.
+    pub fn replace_task_namespace(self: &Arc<Self>, bwrap: &'static Bwrap) -> Result<Holder> {
+        let job = lock(&self.spare).take();
+        let spare = job
+            .and_then(|j| j.join().ok())
+            .and_then(Result::ok)
+            .filter(Holder::is_alive);
+        let holder = match spare {
+            Some(h) => {
+                ns::write(&self.dir, Space::Task, &h)
+                    .map_err(|e| self.io_error("recording the task namespace", e))?;
+                ns::forget(&self.dir, Space::Spare);
+                let mut cache = lock(&self.holders);
+                cache[Space::Task as usize] = Some(h);
+                cache[Space::Spare as usize] = None;
+                h
+            }
+            None => self.start_holder(bwrap, Space::Task)?,
+        };
+        self.prepare_spare(bwrap);
+        Ok(holder)
+    }
+
+    /// The uid that host-made files are handed to (when the host is root under bwrap).
+    pub fn file_owner(&self) -> Option<u32> {
+        match self.mode {
+            Mode::Bwrap(b) if b.chowns() => Some(SANDBOX_UID),
+            _ => None,
+        }
+    }
+
+    /// The host directory and relative path behind a sandbox path; `BadPath` when the path
+    /// is relative, climbs with `..`, or lies outside every directory the host serves.
+    pub fn locate(&self, path: &str) -> Result<(&Path, String)> {
+        let bad = |reason| SandboxError::BadPath {
+            path: path.to_string(),
+            reason,
+        };
+        if !path.starts_with('/') {
+            return Err(bad("sandbox paths must be absolute"));
+        }
+        for m in &self.mounts {
+            let rest = match path.strip_prefix(m.at.as_str()) {
+                Some(rest) if rest.is_empty() || rest.starts_with('/') => rest,
+                _ => continue,
+            };
+            let rest = rest.trim_start_matches('/');
+            if rest.is_empty() || rest.split('/').all(|p| p.is_empty() || p == ".") {
+                return Ok((&m.host, String::new()));
+            }
+            return normalize_relative(rest)
+                .map(|rel| (m.host.as_path(), rel))
+                .map_err(bad);
+        }
+        Err(bad(
+            "the path is outside the sandbox's home, /tmp and system directories",
+        ))
+    }
+
+    /// Opens the directory behind `path` for confined operations, with the path beneath it.
+    pub fn beneath(&self, path: &str) -> Result<(Beneath, String)> {
+        let (dir, rel) = self.locate(path)?;
+        let b =
+            Beneath::open(dir, self.file_owner()).map_err(|e| self.file_error(path, "open", e))?;
+        Ok((b, rel))
+    }
+
+    pub fn internet(&self) -> bool {
+        self.internet.load(Ordering::SeqCst)
+    }
+
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::SeqCst)
+    }
+
+    pub fn mark_gone(&self) {
+        self.gone.store(true, Ordering::SeqCst);
+    }
+
+    pub fn gone(&self) -> SandboxError {
+        SandboxError::Gone {
+            id: self.id.clone(),
+        }
+    }
+
+    /// Marks the sandbox gone (killed by someone else) and returns the error that says so.
+    pub fn gone_now(&self) -> SandboxError {
+        self.mark_gone();
+        self.gone()
+    }
+
+    pub fn io_error(&self, what: impl Into<String>, source: io::Error) -> SandboxError {
+        SandboxError::Io {
+            id: self.id.clone(),
+            what: what.into(),
+            source,
+        }
+    }
+
+    pub fn no_such_process(&self, pid: u32) -> SandboxError {
+        SandboxError::NoSuchProcess {
+            id: self.id.clone(),
+            pid,
+        }
+    }
+
+    /// `Gone` once the sandbox was killed (here or by another wmo-e2b process) or its deadline
+    /// passed; a passed deadline kills it now.
+    pub fn ensure_live(&self) -> Result<()> {
+        if self.is_gone() {
+            return Err(self.gone());
+        }
+        if meta::now_ms() >= self.deadline.load(Ordering::SeqCst).saturating_mul(1000) {
+            return self.recheck_deadline();
+        }
+        match fs::symlink_metadata(self.dir.join(META_FILE)) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(self.gone_now()),
+            Err(e) => Err(self.io_error("checking meta.json", e)),
+        }
+    }
+
+    /// For the watcher: kills the sandbox if its deadline has really passed.
+    pub fn expire_if_due(&self) {
+        if !self.is_gone()
+            && meta::now_ms() >= self.deadline.load(Ordering::SeqCst).saturating_mul(1000)
+        {
+            // Nobody to tell: a sandbox that cannot be killed now is retried at the next tick.
+            let _ = self.recheck_deadline();
+        }
+    }
+
+    /// The cached deadline passed: unless another process moved it, the sandbox dies now.
+    fn recheck_deadline(&self) -> Result<()> {
+        let m = self.read_meta()?;
+        if m.expired_at(meta::now_ms()) {
+            self.destroy()?;
+            return Err(self.gone());
+        }
+        self.deadline.store(m.deadline, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// `meta.json` as it is on disk now; `Gone` once it is not there.
+    fn read_meta(&self) -> Result<Meta> {
+        meta::read_meta(&self.dir).map_err(|e| match e {
+            MetaError::Missing => self.gone_now(),
+            MetaError::Corrupt(e) | MetaError::Io(e) => self.io_error("reading meta.json", e),
+        })
+    }
+
+    /// Kills every process group of the sandbox and removes it.
+    pub fn destroy(&self) -> Result<Killed> {
+        let _one = lock(&self.destroy_lock);
+        match teardown::bury(&self.sandboxes, &self.id) {
+            Ok(tomb) => {
+                self.mark_gone();
+                teardown::finish_burial(&tomb, &self.id, Some(&self.procs))?;
+                Ok(Killed::Now)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.mark_gone();
+                Ok(Killed::AlreadyGone)
+            }
+            Err(e) => Err(self.io_error("moving the sandbox directory away", e)),
+        }
+    }
+
+    /// Rewrites meta.json (atomically) with `change` applied to what is on disk now.
+    fn update_meta(&self, change: impl FnOnce(&mut Meta)) -> Result<Meta> {
+        let _one = lock(&self.meta_lock);
+        let mut m = self.read_meta()?;
+        change(&mut m);
+        match meta::write_meta(&self.dir, &m) {
+            Ok(()) => Ok(m),
+            // The directory vanished under us: killed by someone else.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(self.gone_now()),
+            Err(e) => Err(self.io_error("writing meta.json", e)),
+        }
+    }
+
+    /// Moves the deadline to `secs` from now, for every wmo-e2b process.
+    pub fn set_timeout(&self, secs: u64) -> Result<()> {
+        let m = self.update_meta(|m| m.deadline = meta::deadline_after(secs))?;
+        self.deadline.store(m.deadline, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Allows or locks the network of the processes started from now on.
+    pub fn set_internet(&self, allowed: bool) -> Result<()> {
+        if !allowed {
+            sys::netlock_flag()?;
+        }
+        self.update_meta(|m| m.internet = allowed)?;
+        // Processes already running keep the network they started with.
+        self.internet.store(allowed, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The entry of a process this wmo-e2b process started here and has not reaped.
+    pub fn entry(&self, pid: u32) -> Option<Arc<ProcEntry>> {
+        lock(&self.procs).get(&pid).cloned()
+    }
+
+    /// The working directory of a new process; a directory the host serves must exist.
+    pub fn cwd(&self, cwd: Option<&str>, role: Role) -> Result<String> {
+        let Some(cwd) = cwd else {
+            return Ok(match role {
+                Role::Task => self.home.clone(),
+                Role::System => self.system.clone(),
+            });
+        };
+        if !cwd.starts_with('/') {
+            return Err(SandboxError::BadPath {
+                path: cwd.to_string(),
+                reason: "the working directory must be an absolute path",
+            });
+        }
+        let is_dir = match (self.mode, self.locate(cwd)) {
+            (_, Ok(_)) => {
+                let (b, rel) = self.beneath(cwd)?;
+                b.metadata(&rel).is_ok_and(|m| m.is_dir())
+            }
+            // Elsewhere a confined process sees the read-only system directories.
+            (Mode::Bwrap(_), Err(_)) => true,
+            (Mode::None, Err(_)) => Path::new(cwd).is_dir(),
+        };
+        if !is_dir {
+            return Err(SandboxError::NotFound {
+                path: cwd.to_string(),
+            });
+        }
+        Ok(cwd.to_string())
+    }
+
+    /// Classifies a file error by errno: a missing file is the caller's mistake (unless the
+    /// whole sandbox is gone), and so is a path through a regular file or a symlink.
+    pub fn file_error(&self, path: &str, what: &str, e: io::Error) -> SandboxError {
+        let path = path.to_string();
+        match e.raw_os_error() {
+            Some(libc::ENOENT) => match self.ensure_live() {
+                Ok(()) => SandboxError::NotFound { path },
+                Err(gone) => gone,
+            },
+            // RESOLVE_BENEATH refused an absolute symlink or one that climbs out.
+            Some(libc::EXDEV) => SandboxError::BadPath {
+                path,
+                reason: "it goes through a symlink that leaves the sandbox directory",
+            },
+            // O_NOFOLLOW met a symlink where the host never follows one.
+            Some(libc::ELOOP) => SandboxError::BadPath {
+                path,
+                reason: "it goes through a symlink, which the host does not follow here",
+            },
+            Some(
+                libc::ENOTDIR
+                | libc::EISDIR
+                | libc::EEXIST
+                | libc::EACCES
+                | libc::EPERM
+                | libc::ENAMETOOLONG
+                | libc::EFBIG
+                | libc::ENXIO,
+            ) => SandboxError::Remote {
+                class: ErrorClass::BadRequest,
+                message: format!("cannot {what} {path}"),
+                source: Some(Box::new(e)),
+            },
+            _ if e.kind() == io::ErrorKind::InvalidInput => SandboxError::Remote {
+                class: ErrorClass::BadRequest,
+                message: format!("cannot {what} {path}: {e}"),
+                source: None,
+            },
+            _ => self.io_error(format!("{what} {path}"), e),
+        }
+    }
+}
