@@ -2,23 +2,27 @@
 //! list, kill, timeout, network) and envd (processes over Connect JSON, files) on one port,
 //! envd requests routed by their `E2b-Sandbox-Id` header, with seeded fault injection.
 //!
-//! Layout: `server` (start, stop, routing, the sandbox table), `http` (the HTTP/1.1 server),
-//! `control` (control-plane endpoints), `envd` (envd routing and auth), `process` (process
-//! RPCs and streams), `files` (`/files` and filesystem RPCs), `connect` (the Connect
-//! protocol), `paths` (E2B paths onto local ones), `faults` (fault injection).
+//! Layers, each importing only the ones below it:
+//! - `server`: start, stop, and routing each request to the control plane or to envd.
+//! - `control` (the control-plane endpoints) and `envd` (envd's routing and auth, its
+//!   `process` and `files` services).
+//! - `state`: the sandbox table and everything the request threads share.
+//! - `hub` (the thread that follows one envd process), `config` (what an emulator is
+//!   started with), `http` (the HTTP/1.1 server), `connect` (the Connect protocol), `paths`
+//!   (E2B paths onto local ones), `faults` (fault injection).
 
+mod config;
 mod connect;
 mod control;
 mod envd;
 mod faults;
-mod files;
 mod http;
+mod hub;
 mod paths;
-mod process;
 mod server;
+mod state;
 
+pub use config::{AccessLog, EmulatorConfig, CLIENT_ID, ENVD_VERSION};
 pub use faults::{FaultCounts, FaultSpec, FaultSpecError, DEFAULT_SEED};
-pub use server::{
-    AccessLog, Emulator, EmulatorConfig, EmulatorError, EmulatorHandle, Stats, StopReport,
-    CLIENT_ID, ENVD_VERSION,
-};
+pub use server::{Emulator, EmulatorError, EmulatorHandle, StopReport};
+pub use state::Stats;

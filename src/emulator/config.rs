@@ -1,0 +1,50 @@
+//! What an emulator is started with, and the constants it reports as E2B does.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::faults::{FaultSpec, DEFAULT_SEED};
+use crate::sandbox::local::IsolationChoice;
+
+/// The constant `clientID` the real API still returns.
+pub const CLIENT_ID: &str = "6532622b";
+/// The envd version we claim: recent enough that the SDK enables every feature we serve.
+pub const ENVD_VERSION: &str = "0.6.13";
+
+/// Receives one line per answered request ("POST /v2/sandboxes 201 3ms").
+pub type AccessLog = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// What to serve and how.
+#[derive(Clone)]
+pub struct EmulatorConfig {
+    /// Port 0 picks a free port; `EmulatorHandle::addr` tells which.
+    pub listen: SocketAddr,
+    /// Every control-plane request must carry it as `X-API-Key`.
+    pub api_key: String,
+    /// The local backend's state directory (sandboxes live under `<state_dir>/sandboxes`).
+    pub state_dir: PathBuf,
+    pub faults: FaultSpec,
+    pub seed: u64,
+    /// Live sandboxes at once; a create beyond it is answered 429 like E2B's team limit.
+    pub max_sandboxes: usize,
+    /// How the local sandboxes are confined; the emulator needs bwrap (E2B's `/home/user` and
+    /// `/tmp` exist only in a bwrap sandbox), so `auto` must find it.
+    pub isolation: IsolationChoice,
+    pub access_log: Option<AccessLog>,
+}
+
+impl EmulatorConfig {
+    pub fn new(listen: SocketAddr, api_key: impl Into<String>, state_dir: PathBuf) -> Self {
+        EmulatorConfig {
+            listen,
+            api_key: api_key.into(),
+            state_dir,
+            faults: FaultSpec::default(),
+            seed: DEFAULT_SEED,
+            max_sandboxes: 256,
+            isolation: IsolationChoice::Auto,
+            access_log: None,
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! Creating a sandbox (v1 and v2): the body checked, a slot reserved against the limit, the
+//! local sandbox created and entered in the table, with the seeded create faults first.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use serde_json::{json, Map, Value};
+
+use super::body::{
+    body_object, bool_of, int_of, present, string_list, string_map, timeout_secs,
+    V1_DEFAULT_TIMEOUT, V2_DEFAULT_TIMEOUT,
+};
+use super::reply::{backend_error, sandbox_json, stopping, Answer};
+use crate::emulator::faults::CreateFault;
+use crate::emulator::http::{Request, Response};
+use crate::emulator::state::{NetworkState, SandboxEntry, Shared};
+use crate::sandbox::{Backend, CreateSpec, Metadata, Sandbox};
+use crate::sync::lock;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Version {
+    V1,
+    V2,
+}
+
+pub(super) fn create(shared: &Shared, req: &Request, version: Version) -> Answer {
+    shared.creates.fetch_add(1, Ordering::SeqCst);
+    let delay = shared.faults.create_delay();
+    if !delay.is_zero() && !shared.sleep(delay) {
+        return Err(stopping());
+    }
+    match shared.faults.create() {
+        CreateFault::None => {}
+        CreateFault::RateLimited => {
+            return Err(Response::error(429, "Rate limit exceeded")
+                .with_header("Retry-After", "1")
+                .with_header("RateLimit-Limit", "20")
+                .with_header("RateLimit-Remaining", "0")
+                .with_header("RateLimit-Reset", "1"))
+        }
+        CreateFault::NoCapacity => {
+            return Err(Response::json(
+                503,
+                &json!({
+                    "code": 503,
+                    "message": "Failed to place sandbox: not enough capacity (injected by the emulator)",
+                    "error_code": "sandbox_capacity_unavailable",
+                }),
+            ))
+        }
+    }
+    let body = body_object(req)?;
+    let wanted = Wanted::read(&body, version)?;
+    let entry = create_sandbox(shared, wanted)?;
+    Ok(Response::json(201, &sandbox_json(&entry)))
+}
+
+/// What a create body asks for, checked.
+struct Wanted {
+    template: String,
+    timeout: u64,
+    metadata: Metadata,
+    env_vars: BTreeMap<String, String>,
+    secure: bool,
+    net: NetworkState,
+}
+
+impl Wanted {
+    fn read(body: &Map<String, Value>, version: Version) -> Result<Wanted, Response> {
+        let template = match present(body, "templateID") {
+            Some(Value::String(t)) if !t.is_empty() => t.clone(),
+            Some(_) => {
+                return Err(Response::error(
+                    400,
+                    "templateID must be a non-empty string",
+                ))
+            }
+            None => return Err(Response::error(400, "templateID is required")),
+        };
+        let default = match version {
+            Version::V1 => V1_DEFAULT_TIMEOUT,
+            Version::V2 => V2_DEFAULT_TIMEOUT,
+        };
+        let timeout = timeout_secs(int_of(body, "timeout")?, default)?;
+        let metadata: Metadata = string_map(body, "metadata")?;
+        let env_vars = string_map(body, "envVars")?;
+        let secure = match version {
+            Version::V1 => bool_of(body, "secure")?.unwrap_or(false),
+            // v2 sandboxes are always secure.
+            Version::V2 => true,
+        };
+        let net = egress(
+            bool_of(body, "allow_internet_access")?,
+            present(body, "network"),
+        )?;
+        // What local sandboxes cannot give is refused, not silently left out.
+        let refused = [
+            (
+                bool_of(body, "autoPause")? == Some(true),
+                "autoPause is not supported by the wmo-e2b emulator (local sandboxes cannot pause)",
+            ),
+            (
+                present(body, "mcp").is_some(),
+                "mcp is not supported by the wmo-e2b emulator",
+            ),
+            (
+                present(body, "volumeMounts")
+                    .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())),
+                "volumeMounts are not supported by the wmo-e2b emulator",
+            ),
+        ];
+        if let Some((_, message)) = refused.iter().find(|(asked, _)| *asked) {
+            return Err(Response::error(400, *message));
+        }
+        Ok(Wanted {
+            template,
+            timeout,
+            metadata,
+            env_vars,
+            secure,
+            net,
+        })
+    }
+}
+
+/// The egress a create or network update asks for. The local backend can only allow or deny
+/// everything, so anything finer is refused rather than silently widened.
+pub(super) fn egress(
+    allow_internet: Option<bool>,
+    network: Option<&Value>,
+) -> Result<NetworkState, Response> {
+    let empty = Map::new();
+    let net = match network {
+        None => &empty,
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(Response::error(400, "network must be an object")),
+    };
+    let allow_out = string_list(net, "allowOut")?;
+    let deny_out = string_list(net, "denyOut")?;
+    if present(net, "egressProxy").is_some() {
+        return Err(Response::error(
+            403,
+            "an egress proxy is not supported by the wmo-e2b emulator",
+        ));
+    }
+    if present(net, "rules").is_some_and(|r| r.as_object().is_some_and(|m| !m.is_empty())) {
+        return Err(Response::error(
+            400,
+            "network rules are not supported by the wmo-e2b emulator",
+        ));
+    }
+    let deny_all = allow_internet == Some(false) || deny_out.iter().any(|d| d == "0.0.0.0/0");
+    let partial = if deny_all {
+        !allow_out.is_empty()
+    } else {
+        !deny_out.is_empty()
+    };
+    if partial {
+        return Err(Response::error(
+            400,
+            "the wmo-e2b emulator can only allow or deny all egress \
+             (allow_internet_access, or denyOut [\"0.0.0.0/0\"] with no allowOut)",
+        ));
+    }
+    Ok(NetworkState {
+        internet: !deny_all,
+        allow_out,
+        deny_out,
+    })
+}
+
+/// Reserves a slot so concurrent creates cannot overshoot the limit.
+fn reserve_slot(shared: &Shared) -> Result<(), Response> {
+    shared.purge_dead();
+    let mut table = lock(&shared.table);
+    if table.closed {
+        return Err(stopping());
+    }
+    let max = shared.config.max_sandboxes;
+    if table.map.len() + table.pending >= max {
+        return Err(Response::error(
+            429,
+            format!(
+                "you have reached the maximum number of concurrent E2B sandboxes ({max}). \
+                 If you need more, start the emulator with a higher limit"
+            ),
+        ));
+    }
+    table.pending += 1;
+    Ok(())
+}
+
+fn create_sandbox(shared: &Shared, wanted: Wanted) -> Result<Arc<SandboxEntry>, Response> {
+    reserve_slot(shared)?;
+    let spec = CreateSpec {
+        template: Some(wanted.template.clone()),
+        timeout_secs: wanted.timeout,
+        metadata: wanted.metadata.clone(),
+        envs: wanted
+            .env_vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        internet: wanted.net.internet,
+    };
+    let created = shared.backend.create_local(&spec);
+    let token = if wanted.secure {
+        crate::id::random_hex(16).ok()
+    } else {
+        None
+    };
+    let mut table = lock(&shared.table);
+    table.pending -= 1;
+    let sandbox = created.map_err(|e| backend_error("", &e))?;
+    let local_id = sandbox.id().to_string();
+    let id = local_id.replace('-', "");
+    let started = SystemTime::now();
+    let entry = Arc::new(SandboxEntry {
+        id: id.clone(),
+        local_id: local_id.clone(),
+        sandbox,
+        template: wanted.template,
+        token,
+        started,
+        deadline: Mutex::new(started + Duration::from_secs(wanted.timeout)),
+        metadata: wanted.metadata,
+        env_vars: wanted.env_vars,
+        network: Mutex::new(wanted.net),
+        procs: Mutex::default(),
+    });
+    if table.closed {
+        drop(table);
+        // Stop already swept the table; this sandbox must not outlive the emulator.
+        let _ = shared.backend.kill(&local_id);
+        return Err(stopping());
+    }
+    table.map.insert(id, Arc::clone(&entry));
+    Ok(entry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn egress_is_all_or_nothing() {
+        assert!(egress(None, None).unwrap().internet);
+        assert!(!egress(Some(false), None).unwrap().internet);
+        let deny_all = json!({"denyOut": ["0.0.0.0/0"]});
+        assert!(!egress(None, Some(&deny_all)).unwrap().internet);
+        let partial = json!({"denyOut": ["0.0.0.0/0"], "allowOut": ["1.1.1.1"]});
+        assert_eq!(egress(None, Some(&partial)).unwrap_err().status, 400);
+        let some = json!({"denyOut": ["10.0.0.0/8"]});
+        assert_eq!(egress(None, Some(&some)).unwrap_err().status, 400);
+    }
+}

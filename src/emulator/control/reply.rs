@@ -1,0 +1,90 @@
+//! What the control plane answers with: its errors, and the sandbox objects of create,
+//! connect, get and list.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde_json::{json, Value};
+
+use crate::emulator::config::{CLIENT_ID, ENVD_VERSION};
+use crate::emulator::http::Response;
+use crate::emulator::state::{SandboxEntry, Shared};
+use crate::errors::error_chain;
+use crate::sandbox::{ErrorClass, SandboxError};
+use crate::sync::lock;
+
+/// Reported in sandbox details; the local backend has no such limits, so these are E2B's
+/// defaults for the base template.
+const CPU_COUNT: u32 = 2;
+const MEMORY_MB: u32 = 512;
+const DISK_MB: u32 = 10 * 1024;
+
+/// A handler's answer. Failures are answers too; as `Err` they can leave a handler early
+/// through `?`.
+pub(super) type Answer = Result<Response, Response>;
+
+pub(super) fn not_found(id: &str) -> Response {
+    Response::error(
+        404,
+        format!("Sandbox \"{id}\" doesn't exist or you don't have access to it"),
+    )
+}
+
+/// The sandbox `id` names if it is alive, or the 404 E2B answers.
+pub(super) fn live(shared: &Shared, id: &str) -> Result<Arc<SandboxEntry>, Response> {
+    shared.live_sandbox(id).ok_or_else(|| not_found(id))
+}
+
+/// The answer while the emulator shuts down.
+pub(super) fn stopping() -> Response {
+    Response::error(503, "the emulator is stopping")
+}
+
+/// Maps a backend failure to a status: a host that cannot lock the network is 501, a
+/// sandbox that vanished 404, a bad request 400, the rest 500.
+pub(super) fn backend_error(id: &str, e: &SandboxError) -> Response {
+    match e.class() {
+        ErrorClass::Unsupported => Response::error(501, error_chain(e)),
+        ErrorClass::Gone => not_found(id),
+        ErrorClass::BadRequest => Response::error(400, error_chain(e)),
+        _ => Response::error(500, error_chain(e)),
+    }
+}
+
+/// The `Sandbox` object create and connect answer with.
+pub(super) fn sandbox_json(e: &SandboxEntry) -> Value {
+    let mut v = json!({
+        "templateID": e.template,
+        "sandboxID": e.id,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        // Null: the SDK then builds envd URLs from its own settings (E2B_SANDBOX_URL).
+        "domain": null,
+        "trafficAccessToken": null,
+    });
+    if let Some(token) = &e.token {
+        v["envdAccessToken"] = json!(token);
+    }
+    v
+}
+
+/// The keys `ListedSandbox` requires, plus metadata.
+pub(super) fn listed_json(e: &SandboxEntry) -> Value {
+    json!({
+        "templateID": e.template,
+        "sandboxID": e.id,
+        "clientID": CLIENT_ID,
+        "startedAt": rfc3339(e.started),
+        "endAt": rfc3339(*lock(&e.deadline)),
+        "cpuCount": CPU_COUNT,
+        "memoryMB": MEMORY_MB,
+        "diskSizeMB": DISK_MB,
+        "state": "running",
+        "envdVersion": ENVD_VERSION,
+        "metadata": e.metadata,
+    })
+}
+
+pub(super) fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}

@@ -1,0 +1,13 @@
+//! envd: requests carrying `E2b-Sandbox-Id`, routed to the sandbox they name, checked for
+//! its access token, and dispatched to health, files, and the Connect services.
+//!
+//! Layout: `routes` (the sandbox, its token, and the endpoint), `call` (the users and the
+//! unary Connect calls both services share), `process` (process.Process), `files` (`/files`
+//! and filesystem.Filesystem).
+
+mod call;
+mod files;
+mod process;
+mod routes;
+
+pub(super) use routes::handle;

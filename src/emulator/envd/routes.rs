@@ -1,0 +1,85 @@
+//! Which sandbox an envd request is for, whether it may reach it, and which endpoint serves
+//! it.
+
+use serde_json::json;
+
+use super::call::unary;
+use super::{files, process};
+use crate::emulator::http::{Request, Responder, Response};
+use crate::emulator::state::{SandboxEntry, Shared};
+
+pub(in crate::emulator) fn handle(
+    shared: &Shared,
+    raw_id: &str,
+    req: Request,
+    out: &mut Responder<'_>,
+) {
+    // The legacy composite `<id>-<clientID>` names the same sandbox.
+    let id = raw_id.split('-').next().unwrap_or(raw_id);
+    let Some(entry) = shared.live_sandbox(id) else {
+        let _ = out.send(sandbox_gone(raw_id));
+        return;
+    };
+    if req.method == "GET" && req.path == "/health" {
+        let _ = out.send(Response::empty(204).with_header("Cache-Control", "no-store"));
+        return;
+    }
+    if let Err(resp) = check_token(&entry, &req) {
+        let _ = out.send(resp);
+        return;
+    }
+    let path = req.path.clone();
+    match path.strip_prefix("/process.Process/") {
+        // Process calls may stream, so they answer themselves.
+        Some(method) => process::handle(shared, &entry, method, req, out),
+        None => {
+            let _ = out.send(answer(&entry, &req));
+        }
+    }
+}
+
+/// What E2B's edge proxy answers for a sandbox that is gone.
+fn sandbox_gone(raw_id: &str) -> Response {
+    let body = json!({"message": "The sandbox was not found", "sandboxId": raw_id, "code": 502});
+    Response::bytes(
+        502,
+        "application/json; charset=utf-8",
+        body.to_string().into_bytes(),
+    )
+}
+
+/// The answer of every endpoint but the process service's.
+fn answer(entry: &SandboxEntry, req: &Request) -> Response {
+    let path = req.path.as_str();
+    if path == "/files" {
+        return match req.method.as_str() {
+            "GET" => files::download(entry, req),
+            "POST" => files::upload(entry, req),
+            _ => Response::error(405, "method not allowed"),
+        };
+    }
+    if path == "/envs" && req.method == "GET" {
+        return Response::json(200, &json!(entry.env_vars));
+    }
+    if let Some(method) = path.strip_prefix("/filesystem.Filesystem/") {
+        return unary(req, |msg, role| files::rpc(entry, method, msg, role));
+    }
+    Response::error(404, format!("{path} is not an envd endpoint"))
+}
+
+fn check_token(entry: &SandboxEntry, req: &Request) -> Result<(), Response> {
+    if entry.token.is_none() {
+        return Ok(());
+    }
+    match req.header("x-access-token") {
+        Some(given) if entry.token_matches(given) => Ok(()),
+        None if req.path == "/files" && req.query("signature").is_some() => Err(Response::error(
+            401,
+            "URL signatures are not supported by the wmo-e2b emulator; send X-Access-Token",
+        )),
+        _ => Err(Response::error(
+            401,
+            "unauthorized access, please provide a valid access token or method signing if supported",
+        )),
+    }
+}
