@@ -13,14 +13,27 @@
 // `llm_request`, and replays the host's completion as pi's assistant-message
 // event stream.
 //
-// Episode semantics match the builtin harness in runner.mjs: the turn cap, the
-// nudges after a reply without a tool call, the stop reasons, and
-// `done.turns` = model calls. Nothing per episode accumulates at module level
+// Episode semantics match the builtin loop (loop.mjs, whose helpers this module
+// shares): the turn cap, the nudges after a reply without a tool call, the stop
+// reasons, and `done.turns` = model calls. Nothing per episode accumulates at module level
 // (only the last episode's tool list is kept, to reuse its compiled schemas).
 
 import { readFileSync, realpathSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
+
+import {
+  MAX_NONACTION_TURNS,
+  firstChoice,
+  malformedNote,
+  messageText,
+  nonActionReason,
+  nudgeFor,
+  parseArguments,
+  unparsedWarnings,
+} from "./loop.mjs";
+import { normalizeTools } from "./tool_specs.mjs";
+import { answerText } from "./values.mjs";
 
 // The modules, once loaded: { core, ai, version }.
 var pi = null;
@@ -238,23 +251,23 @@ function makeStreamFn(ep) {
 
     if (reply.error !== undefined && reply.error !== null) {
       ep.providerError = true;
-      failStream(stream, out, kit.answerText(reply.error));
+      failStream(stream, out, answerText(reply.error));
       return stream;
     }
     var completion = reply.completion;
-    var choice = completion && typeof completion === "object" && Array.isArray(completion.choices) ? completion.choices[0] : undefined;
-    if (!choice || typeof choice !== "object" || !choice.message || typeof choice.message !== "object") {
-      kit.diag("episode " + episode.id + ": llm_response " + reply.req_id + " carried no completion.choices[0].message");
+    var choice = firstChoice(completion);
+    if (choice === null) {
+      kit.diag("episode " + episode.id + ": " + malformedNote(reply));
       ep.providerError = true;
       failStream(stream, out, "the llm_response carried no completion.choices[0].message");
       return stream;
     }
     var message = choice.message;
-    var text = kit.messageText(message.content);
+    var text = messageText(message.content);
     if (text !== null && text.trim() !== "") ep.lastText = text.trim();
     var calls = Array.isArray(message.tool_calls) ? message.tool_calls : [];
     var truncated = choice.finish_reason === "length";
-    ep.lastWarnings = Array.isArray(choice.wmo_unparsed_tool_calls) ? choice.wmo_unparsed_tool_calls : [];
+    ep.lastWarnings = unparsedWarnings(choice);
     ep.lastTruncated = truncated;
     if (typeof completion.id === "string") out.responseId = completion.id;
     if (typeof completion.model === "string") out.responseModel = completion.model;
@@ -277,7 +290,7 @@ function makeStreamFn(ep) {
         var call = calls[i] || {};
         var fn = call.function && typeof call.function === "object" ? call.function : {};
         var name = typeof fn.name === "string" ? fn.name : "";
-        var parsed = kit.parseArguments(fn.arguments);
+        var parsed = parseArguments(fn.arguments);
         var args;
         if (parsed.ok) args = parsed.value;
         else {
@@ -331,9 +344,9 @@ var DEFAULT_SUBMIT = {
 };
 
 // Tool specs may come flat ({name, description, parameters}) or in OpenAI's
-// shape; kit.normalizeTools makes them all OpenAI's and throws (ending the
+// shape; normalizeTools makes them all OpenAI's and throws (ending the
 // episode with episode_error) for any other shape, so no tool is dropped.
-function toolSchemas(kit, defs) {
+function toolSchemas(defs) {
   var key;
   try {
     key = JSON.stringify(defs);
@@ -341,7 +354,7 @@ function toolSchemas(kit, defs) {
     key = null;
   }
   if (key !== null && key === toolCache.key) return toolCache.schemas;
-  var normalized = kit.normalizeTools(defs);
+  var normalized = normalizeTools(defs);
   var schemas = [];
   var seen = new Set();
   for (var i = 0; i < normalized.length; i++) {
@@ -382,7 +395,7 @@ function makeTools(ep, schemas) {
 function submitExecute(ep) {
   return async function (toolCallId, params) {
     ep.submitted = true;
-    ep.answer = ep.kit.answerText(params ? params.answer : undefined);
+    ep.answer = answerText(params ? params.answer : undefined);
     return { content: [{ type: "text", text: "Answer submitted." }], details: {} };
   };
 }
@@ -390,7 +403,7 @@ function submitExecute(ep) {
 function hostExecute(kit, episode, name) {
   return async function (toolCallId, params) {
     var reply = await kit.request(episode, "tool_request", { name: name, arguments: params === undefined || params === null ? {} : params });
-    var content = typeof reply.content === "string" ? reply.content : kit.answerText(reply.content);
+    var content = typeof reply.content === "string" ? reply.content : answerText(reply.content);
     if (reply.is_error === true) throw new Error(content);
     return { content: [{ type: "text", text: content }], details: {} };
   };
@@ -409,9 +422,8 @@ function llmMessages(messages) {
 
 // Runs one episode. `episode` is the runner's episode object (id, turns,
 // ended, start{instruction, system, tools, maxTurns, maxOutputTokens,
-// temperature}); `kit` holds the runner's helpers: request, sendDone,
-// nudgeFor, parseArguments, normalizeTools, messageText, answerText, diag,
-// maxNonActionTurns. Ends the episode with a done frame; throws for an episode_error.
+// temperature}); `kit` holds what the runner lends: request, sendDone, diag.
+// Ends the episode with a done frame; throws for an episode_error.
 export async function runEpisode(episode, kit) {
   if (pi === null) throw new Error("the pi harness was not loaded");
   var s = episode.start;
@@ -430,7 +442,7 @@ export async function runEpisode(episode, kit) {
     nonAction: 0,
     finalReason: null,
   };
-  var tools = makeTools(ep, toolSchemas(kit, s.tools));
+  var tools = makeTools(ep, toolSchemas(s.tools));
   var model = {
     id: "wmo-host",
     name: "wmo-host",
@@ -474,10 +486,10 @@ export async function runEpisode(episode, kit) {
     getFollowUpMessages: async function () {
       if (ep.submitted || episode.ended) return [];
       var warnings = ep.lastWarnings;
-      var reason = warnings.length > 0 ? "unparsed_tool_call" : ep.lastTruncated ? "output_truncated" : "no_tool_call";
+      var reason = nonActionReason(warnings, ep.lastTruncated);
       ep.nonAction += 1;
-      if (ep.nonAction < kit.maxNonActionTurns && episode.turns < s.maxTurns) {
-        return [{ role: "user", content: kit.nudgeFor(reason, s.maxOutputTokens, warnings), timestamp: Date.now() }];
+      if (ep.nonAction < MAX_NONACTION_TURNS && episode.turns < s.maxTurns) {
+        return [{ role: "user", content: nudgeFor(reason, s.maxOutputTokens, warnings), timestamp: Date.now() }];
       }
       ep.finalReason = reason;
       return [];

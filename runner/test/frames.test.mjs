@@ -24,6 +24,30 @@ export const TOOLS = [
 // TOOLS in the reference runtime's flat shape: {name, description, parameters}.
 export const FLAT_TOOLS = TOOLS.map((t) => ({ ...t.function }));
 
+// runner.mjs's hello, without pi.
+export const EPISODE_HELLO = {
+  type: "hello",
+  protocol: 1,
+  runner_version: "0.1.0",
+  node_version: process.version,
+  harness: "builtin",
+  transport: "stdio",
+  max_concurrent: 1,
+};
+
+// The openai_body of a run's first model call: the system prompt, the user's
+// text, TOOLS, then `limits` (max_tokens, temperature).
+export function firstModelBody(system, user, limits) {
+  return {
+    messages: [
+      { role: "system", content: system },
+      { role: "user", content: user },
+    ],
+    tools: TOOLS,
+    ...limits,
+  };
+}
+
 export function encodeFrame(frame) {
   return encodeJsonText(JSON.stringify(frame));
 }
@@ -74,9 +98,10 @@ export function episodeStart(id, overrides = {}) {
 }
 
 export class Runner {
-  constructor({ env = {}, cwd, nodeArgs = [] } = {}) {
+  // `script`: another copy of runner.mjs to run.
+  constructor({ env = {}, cwd, nodeArgs = [], script = RUNNER } = {}) {
     this.spawnedAt = process.hrtime.bigint();
-    this.child = spawn(process.execPath, [...nodeArgs, RUNNER], {
+    this.child = spawn(process.execPath, [...nodeArgs, script], {
       cwd,
       env: { ...process.env, ...env },
       stdio: ["pipe", "pipe", "pipe"],

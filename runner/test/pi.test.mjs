@@ -14,7 +14,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { FLAT_TOOLS, NUDGE_TAIL, TOOLS, Runner, completion, episodeStart, reply, startRunner, strip, toolCall, toolReply } from "./frames.test.mjs";
+import { EPISODE_HELLO, FLAT_TOOLS, NUDGE_TAIL, TOOLS, Runner, completion, episodeStart, reply, startRunner, strip, toolCall, toolReply } from "./frames.test.mjs";
 
 const REPO = fileURLToPath(new URL("../../", import.meta.url));
 const PACKAGES = ["@mariozechner/pi-agent-core", "@mariozechner/pi-ai"];
@@ -147,18 +147,7 @@ test("the pinned pi packages are installed (or WMO_PI_MODULES names them)", asyn
 test("hello reports pi_version and the harnesses", async (t) => {
   const { version } = await pi();
   const r = await startPiRunner(t);
-  const hello = strip(r.all[0]);
-  assert.deepEqual(hello, {
-    type: "hello",
-    protocol: 1,
-    runner_version: "0.1.0",
-    node_version: process.version,
-    harness: "builtin",
-    transport: "stdio",
-    max_concurrent: 1,
-    harnesses: ["builtin", "pi"],
-    pi_version: version,
-  });
+  assert.deepEqual(strip(r.all[0]), { ...EPISODE_HELLO, harnesses: ["builtin", "pi"], pi_version: version });
 });
 
 test("pi is not imported before hello: a fake install still says hello, then the pi episode fails clearly", async (t) => {
@@ -177,6 +166,40 @@ test("pi is not imported before hello: a fake install still says hello, then the
   const req = await r.next("llm_request");
   reply(r, req, completion({ toolCalls: [submitCall("s", "ok")] }));
   assert.equal((await r.next("done")).answer, "ok");
+});
+
+// A stand-in pi install whose modules record, in the file WMO_TEST_PI_MARKER
+// names, that they were imported. Its agent loop runs no turn.
+function recordingPiInstall(dir) {
+  const packages = {
+    "pi-agent-core": "export async function runAgentLoop() { return []; }",
+    "pi-ai": "export function createAssistantMessageEventStream() { return { push() {} }; }",
+  };
+  for (const [name, body] of Object.entries(packages)) {
+    const pkg = join(dir, "@mariozechner", name);
+    mkdirSync(pkg, { recursive: true });
+    writeFileSync(join(pkg, "package.json"), JSON.stringify({ name: "@mariozechner/" + name, version: "9.9.9", type: "module", exports: "./index.js" }));
+    writeFileSync(
+      join(pkg, "index.js"),
+      `import { appendFileSync } from "node:fs";\nappendFileSync(process.env.WMO_TEST_PI_MARKER, ${JSON.stringify(name + "\n")});\n${body}\n`
+    );
+  }
+}
+
+test("pi is imported at its first episode: hello and a builtin episode never wait for it", async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), "wmo-pi-recording-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  recordingPiInstall(dir);
+  const marker = join(dir, "imported");
+  const r = await startRunner(t, { env: { WMO_PI_MODULES: dir, WMO_TEST_PI_MARKER: marker } });
+  assert.equal(r.all[0].pi_version, "9.9.9");
+  r.send(episodeStart("b1"));
+  reply(r, await r.next("llm_request"), completion({ toolCalls: [submitCall("s", "ok")] }));
+  assert.equal((await r.next("done")).answer, "ok");
+  assert.equal(existsSync(marker), false, "pi was imported before its first episode");
+  r.send(piStart("p1"));
+  assert.deepEqual(strip(await r.next("done")), { type: "done", episode_id: "p1", reason: "no_tool_call", answer: "", turns: 0 });
+  assert.deepEqual(readFileSync(marker, "utf8").split("\n").filter(Boolean).sort(), ["pi-agent-core", "pi-ai"]);
 });
 
 test("WMO_PI_MODULES naming nothing: hello says why, a pi episode is refused", async (t) => {
@@ -438,7 +461,8 @@ test("a host without a submit tool still gets one; usage and ids are accepted", 
 });
 
 // ---------------------------------------------------------------------------
-// Measurements (diagnostics; the bounds asserted are loose sanity checks)
+// Measurements, printed as diagnostics. Nothing here asserts a speed (machines
+// differ); that pi stays unloaded until its first episode is asserted above.
 
 test("timings: spawn-to-hello, first pi episode, warm per-episode overhead", async (t) => {
   const { modules } = await pi();
@@ -493,8 +517,6 @@ test("timings: spawn-to-hello, first pi episode, warm per-episode overhead", asy
         `llm_response->tool_request ${med(warm[kind], "toTool")}, tool_response->llm_request ${med(warm[kind], "toLlm")}, llm_response->done ${med(warm[kind], "toDone")} ms`
     );
   }
-  // pi must not be imported before hello: enabling it may not cost an import's worth
-  assert.ok(median(hello.pi) < median(hello.builtin) + 100, `hello with pi ${median(hello.pi)} ms vs ${median(hello.builtin)} ms`);
 });
 
 test("500 pi episodes in one runner: RSS stays flat", async (t) => {

@@ -1,14 +1,17 @@
-// Long-running and timing checks: 500 episodes in one runner process, and the
-// spawn-to-hello latency. Neither asserts a tight bound (machines differ); both
-// print what they measured as test diagnostics.
+// Long-running checks: 500 episodes in one runner process, and what start-up
+// loads before hello. Neither asserts a speed (machines differ); both print
+// what they measured as test diagnostics.
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 
 import { Runner, completion, episodeStart, reply, startRunner, toolCall, toolReply } from "./frames.test.mjs";
+
+const RUNNER_DIR = fileURLToPath(new URL("..", import.meta.url));
 
 test("500 sequential tiny episodes in one process", async (t) => {
   const root = mkdtempSync(join(tmpdir(), "wmo-runner-soak-"));
@@ -60,19 +63,32 @@ test("500 sequential tiny episodes in one process", async (t) => {
   assert.deepEqual(readdirSync(root), [], "nothing left after the runner exits");
 });
 
-test("spawn-to-hello latency (median of 20)", async (t) => {
+test("hello comes first and unprompted, and needs no module that is loaded at first use", async (t) => {
+  // A runner directory without the harness modules: start-up must not load them.
+  const dir = mkdtempSync(join(tmpdir(), "wmo-runner-startup-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const lazy = ["user_harness.mjs", "pi_harness.mjs"];
+  for (const name of readdirSync(RUNNER_DIR)) {
+    if (name.endsWith(".mjs") && !lazy.includes(name)) copyFileSync(join(RUNNER_DIR, name), join(dir, name));
+  }
+  const r = await startRunner(t, { script: join(dir, "runner.mjs"), cwd: dir, env: { WMO_PI_MODULES: "" } });
+  assert.equal(r.all[0].type, "hello", "hello is the first frame, sent before any input");
+  // the first user-harness episode is what loads its module
+  r.send(episodeStart("u1", { files: { "agent.mjs": "export function runEpisode(ctx) { ctx.submit('x'); }" } }));
+  assert.match((await r.next("episode_error")).note, /user_harness\.mjs/);
+
+  // How long hello takes from spawn, for the record (machines differ: no bound).
   const samples = [];
   for (let i = 0; i < 20; i++) {
-    const r = new Runner();
+    const each = new Runner();
     try {
-      await r.hello();
-      samples.push(Number(r.helloAt - r.spawnedAt) / 1e6);
+      await each.hello();
+      samples.push(Number(each.helloAt - each.spawnedAt) / 1e6);
     } finally {
-      await r.close();
+      await each.close();
     }
   }
   samples.sort((a, b) => a - b);
   const median = (samples[9] + samples[10]) / 2;
   t.diagnostic(`hello latency: median ${median.toFixed(1)} ms, min ${samples[0].toFixed(1)} ms, max ${samples[19].toFixed(1)} ms`);
-  assert.ok(median < 2000, `median hello latency ${median} ms`);
 });

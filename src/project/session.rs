@@ -24,9 +24,6 @@ use crate::errors::error_chain;
 use crate::provider::Provider;
 use crate::sandbox::SpawnOpts;
 
-/// The live-session runner, uploaded next to the episode runner.
-pub const LIVE_JS: &str = include_str!("../../runner/live.mjs");
-
 #[derive(Debug, Clone)]
 pub struct TurnOptions {
     pub instruction: String,
@@ -232,8 +229,7 @@ fn start_live_runner(project: &Project, opts: &TurnOptions) -> Result<DurableCha
         let what = what.to_string();
         move |source| TurnError::Project(ProjectError::Sandbox { what, source })
     };
-    sandbox
-        .write_file(&format!("{dir}/live.mjs"), LIVE_JS.as_bytes())
+    crate::runner::upload_runner_files(sandbox.as_ref(), &dir)
         .map_err(sandbox_err("upload the live runner"))?;
     sandbox
         .write_file(&format!("{root}/head"), b"0\n")

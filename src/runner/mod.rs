@@ -1,7 +1,10 @@
-//! The runner: its embedded JS source, and the bootstrap that starts it in a sandbox and
-//! waits for its `hello`.
+//! The runner: its embedded JS source ([`assets`]), and the bootstrap that starts it in a
+//! sandbox and waits for its `hello`.
 
+pub mod assets;
 pub mod pi;
+
+pub use assets::upload_runner_files;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,9 +12,6 @@ use std::time::Duration;
 
 use crate::channel::{ChannelError, Frame, LeaseRenewal, StdioChannel};
 use crate::sandbox::{Sandbox, SandboxError, SpawnOpts};
-
-/// The runner program, uploaded to every sandbox at bootstrap.
-pub const RUNNER_JS: &str = include_str!("../../runner/runner.mjs");
 
 /// Frame protocol version the host speaks; `hello.protocol` must match.
 pub const PROTOCOL: u64 = 1;
@@ -101,8 +101,8 @@ pub struct BootstrapOpts {
     /// Extra environment for the runner process.
     pub envs: Vec<(String, String)>,
     /// The `node_modules` directory holding pi ([`pi::PiInstall::modules_dir`]), as the
-    /// sandbox sees it. When set, the bootstrap uploads [`pi::PI_HARNESS_JS`] next to the
-    /// runner and passes the directory as `WMO_PI_MODULES`, enabling `"harness": "pi"`.
+    /// sandbox sees it. When set, the bootstrap passes it to the runner as `WMO_PI_MODULES`,
+    /// enabling `"harness": "pi"` (whose module is among the runner files).
     pub pi_modules: Option<PathBuf>,
     /// Without `pi_modules`: make pi available inside the sandbox itself (a template that
     /// prebaked it at [`pi::TEMPLATE_PI_MODULES`] is used as is; otherwise npm installs it
@@ -137,17 +137,14 @@ pub fn runner_dir(sandbox: &dyn Sandbox) -> String {
     )
 }
 
-/// Uploads the runner, starts it with stdin, and waits for its hello.
+/// Uploads the runner files, starts the episode runner with stdin, and waits for its hello.
 pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Started, RunnerError> {
     let dir = runner_dir(sandbox.as_ref());
-    let path = format!("{dir}/runner.mjs");
     let id = sandbox.id().to_string();
-    sandbox
-        .write_file(&path, RUNNER_JS.as_bytes())
-        .map_err(|source| RunnerError::Upload {
-            id: id.clone(),
-            source,
-        })?;
+    upload_runner_files(sandbox.as_ref(), &dir).map_err(|source| RunnerError::Upload {
+        id: id.clone(),
+        source,
+    })?;
     let mut envs = opts.envs.clone();
     let in_sandbox = match (&opts.pi_modules, opts.pi_in_sandbox) {
         (None, true) => Some(PathBuf::from(pi::install_in_sandbox(
@@ -157,13 +154,6 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
         _ => None,
     };
     if let Some(modules) = opts.pi_modules.as_ref().or(in_sandbox.as_ref()) {
-        let harness = format!("{dir}/{}", pi::PI_HARNESS_FILE);
-        sandbox
-            .write_file(&harness, pi::PI_HARNESS_JS.as_bytes())
-            .map_err(|source| RunnerError::Upload {
-                id: id.clone(),
-                source,
-            })?;
         envs.push((
             pi::PI_MODULES_ENV.to_string(),
             modules.to_string_lossy().into_owned(),
@@ -172,7 +162,7 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
     // `exec` so the runner is the process the sandbox reports, and its exit code is ours.
     // Command text never names absolute sandbox paths (the working directory is passed
     // separately), so it reads the same wherever a backend keeps the sandbox's home.
-    let command = "exec node runner.mjs".to_string();
+    let command = format!("exec node {}", assets::EPISODE_RUNNER);
     let process = sandbox
         .spawn(
             &command,
