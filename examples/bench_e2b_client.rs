@@ -33,13 +33,8 @@ use serde_json::json;
 use wmo_e2b::sandbox::e2b::{E2bBackend, E2bOptions};
 use wmo_e2b::sandbox::{Backend, CreateSpec, ProcessEvent, RunOpts, SpawnOpts};
 
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
-}
+mod bench_common;
+use bench_common::{arg, self_cpu_s};
 
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
@@ -51,15 +46,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
-}
-
-/// CPU seconds (user + system) this process has used, all threads.
-fn self_cpu_s() -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct we own.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// CPU seconds the emulator process and its reaped children (the sandbox processes) have

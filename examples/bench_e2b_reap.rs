@@ -34,22 +34,8 @@ use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::{Ledger, TAG_RUN};
 use wmo_e2b::sandbox::{Backend, CreateSpec, Killed};
 
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
-}
-
-/// CPU seconds of this process (all threads).
-fn self_cpu_s() -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct we own.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
+mod bench_common;
+use bench_common::{arg, self_cpu_s};
 
 /// CPU seconds of the emulator and its reaped children (WMO_BENCH_EMULATOR_PID), if known.
 fn emulator_cpu_s() -> Option<f64> {

@@ -36,13 +36,8 @@ use wmo_e2b::sandbox::ledger::Ledger;
 use wmo_e2b::sandbox::RunOpts;
 use wmo_e2b::tree::TreeBounds;
 
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
-}
+mod bench_common;
+use bench_common::arg;
 
 fn open(name: &str) -> Result<Project, String> {
     let state = wmo_e2b::state::state_dir();

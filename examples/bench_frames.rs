@@ -28,6 +28,9 @@ use wmo_e2b::sandbox::{
     SandboxError, SpawnOpts,
 };
 
+mod bench_common;
+use bench_common::arg;
+
 const RING: usize = 64;
 const CHUNK: usize = 64 * 1024;
 
@@ -165,14 +168,6 @@ fn peak_rss_kb() -> u64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     ru.ru_maxrss as u64
-}
-
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
 }
 
 fn main() {

@@ -20,6 +20,9 @@
 //!   instant environment, as the reference's `bench_episode.py seq`: wall and host CPU per
 //!   episode, runner CPU, the runner's VmRSS every `episodes / samples` episodes and its slope.
 //!
+//! One benchmark, so one file past 600 lines: its four modes share the pool, runner and
+//! episode setup that a split would have to pass between files.
+//!
 //! `cargo run --release --example bench_pi -- hello --state target/pi-cache --reps 30`
 
 use std::path::{Path, PathBuf};
@@ -28,72 +31,19 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use wmo_e2b::cancel::CancelToken;
-use wmo_e2b::environment::{self, EnvError, Environment, SandboxEnvironment, ToolOutput};
+use wmo_e2b::environment::{self, Environment, SandboxEnvironment};
 use wmo_e2b::episode::{self, Episode, EpisodeConfig, Opening, StopReason, Transcript};
 use wmo_e2b::pool::{self, Pool, PoolConfig};
 use wmo_e2b::provider::scripted::ScriptedProvider;
 use wmo_e2b::runner::{self, pi, BootstrapOpts};
 use wmo_e2b::sandbox::local::LocalBackend;
-use wmo_e2b::sandbox::{Backend, CreateSpec, RunOpts, Sandbox};
+use wmo_e2b::sandbox::{Backend, RunOpts, Sandbox};
 use wmo_e2b::task::Task;
 
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
-}
-
-/// utime + stime of this process (every thread), seconds.
-fn self_cpu_s() -> f64 {
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-fn proc_cpu_s(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let rest: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, r)| r)
-        .split_whitespace()
-        .collect();
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let field = |i: usize| {
-        rest.get(i)
-            .and_then(|s| s.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (field(11) + field(12)) / ticks
-}
-
-fn proc_status_kb(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    if s.is_empty() {
-        return f64::NAN;
-    }
-    let m = s.len() / 2;
-    if s.len() % 2 == 1 {
-        s[m]
-    } else {
-        (s[m - 1] + s[m]) / 2.0
-    }
-}
+mod bench_common;
+use bench_common::{
+    arg, median, ms, proc_cpu_s, proc_status_kb, scrubbed, self_cpu_s, spec, InstantEnv,
+};
 
 fn pct(v: &[f64], p: f64) -> f64 {
     let mut s = v.to_vec();
@@ -104,24 +54,8 @@ fn pct(v: &[f64], p: f64) -> f64 {
     s[((s.len() - 1) as f64 * p).round() as usize]
 }
 
-fn ms(v: f64) -> f64 {
-    (v * 1e6).round() / 1e3
-}
-
 fn ms_list(v: &[f64]) -> Vec<f64> {
     v.iter().map(|x| ms(*x)).collect()
-}
-
-fn spec() -> CreateSpec {
-    let mut metadata = wmo_e2b::sandbox::Metadata::new();
-    metadata.insert("wmo-e2b.kind".into(), "bench".into());
-    CreateSpec {
-        template: None,
-        timeout_secs: 900,
-        metadata,
-        envs: Vec::new(),
-        internet: true,
-    }
 }
 
 fn bootstrap_opts(modules: Option<&Path>) -> BootstrapOpts {
@@ -156,20 +90,6 @@ fn modules_of(state: &Path) -> PathBuf {
             )
         })
         .modules_dir
-}
-
-/// Answers every tool call at once, as the reference's InstantEnv does.
-struct InstantEnv;
-
-impl Environment for InstantEnv {
-    fn execute(
-        &self,
-        _name: &str,
-        _args: &Map<String, Value>,
-        _cancel: &CancelToken,
-    ) -> Result<ToolOutput, EnvError> {
-        Ok(ToolOutput::ok("hello\n"))
-    }
 }
 
 /// The reference's episode: `bash` (`echo hello`), then `submit` 42.
@@ -368,21 +288,6 @@ fn install(state: &Path, reps: usize) -> Value {
 
 // ---------------------------------------------------------------------------------------
 // hello: spawn-to-hello, builtin vs pi enabled, and each runner's first episode
-
-/// The variables the local backend passes to sandbox processes, plus HOME.
-fn scrubbed(c: &mut std::process::Command) -> &mut std::process::Command {
-    const PASSTHROUGH: &[&str] = &[
-        "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "USER", "LOGNAME", "SHELL", "TMPDIR",
-        "HOME",
-    ];
-    c.env_clear();
-    for key in PASSTHROUGH {
-        if let Some(v) = std::env::var_os(key) {
-            c.env(key, v);
-        }
-    }
-    c
-}
 
 fn hello(state: &Path, reps: usize) -> Value {
     let sandboxes = tempfile::tempdir().expect("tempdir");

@@ -317,11 +317,13 @@ IFACES = "awk -F: 'NR > 2 { gsub(/ /, \"\", $1); print $1 }' /proc/net/dev"
 
 
 def test_network():
+    # E2B creates a sandbox without egress when asked to. An emulator on a host that cannot
+    # lock the network refuses with a 501 rather than allow egress; that keeps it honest, but
+    # it is not E2B's behaviour, so here it fails.
     try:
         locked = Sandbox.create(timeout=60, allow_internet_access=False)
     except SandboxException as e:
-        # A host without network namespaces must say so, not silently allow egress.
-        check("network lock unsupported here is a clear 501", "501" in str(e), str(e))
+        check("allow_internet_access=False creates a sandbox", False, str(e))
         return
     equal("allow_internet_access=False: only loopback", locked.commands.run(IFACES).stdout.split(), ["lo"])
     equal("get_info allow_internet_access", locked.get_info().allow_internet_access, False)

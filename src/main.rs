@@ -6,16 +6,22 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// The exit codes every command shares, shown under `wmo-e2b --help`.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0    success (eval: every task passed)
+  1    eval finished but some task failed, errored or was cancelled
+  2    bad usage or input: options, the tasks file, an --out another eval is writing to
+  3    infrastructure failure: a backend that cannot start, a model API that refuses the key
+       or does not know the model, results that cannot be written, sandboxes whose kill
+       could not be proven
+  130  interrupted (Ctrl-C)
+(`project exec` exits with the command's own code.)";
+
 /// Run AI-agent episodes inside sandboxes; the host keeps the credentials and answers every
 /// model and tool call.
-///
-/// Exit codes: 0 every task passed; 1 the run finished but some task failed or errored;
-/// 2 bad usage or input (options, tasks file, an --out another eval is writing to);
-/// 3 infrastructure failure (a backend that cannot start, a model API that refuses the key or
-/// does not know the model, results that cannot be written, sandboxes whose kill could not be
-/// proven); 130 interrupted (Ctrl-C).
 #[derive(Parser)]
-#[command(name = "wmo-e2b", version, about, long_about = None)]
+#[command(name = "wmo-e2b", version, about, long_about = None, after_help = EXIT_CODES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,23 +1,14 @@
 //! The stdio channel over a real local process: garbage, oversized lines, keepalives, exits.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 use wmo_e2b::channel::{frame, ChannelError, StdioChannel};
-use wmo_e2b::sandbox::local::LocalBackend;
-use wmo_e2b::sandbox::{Backend, CreateSpec, Sandbox, SpawnOpts};
+use wmo_e2b::sandbox::{Backend, SpawnOpts};
 
-fn sandbox(dir: &tempfile::TempDir) -> (Arc<LocalBackend>, Arc<dyn Sandbox>) {
-    let backend = LocalBackend::open(dir.path()).unwrap();
-    let sb = backend
-        .create(&CreateSpec {
-            timeout_secs: 120,
-            ..CreateSpec::default()
-        })
-        .unwrap();
-    (backend, sb)
-}
+mod support;
+
+use support::{local_sandbox, spawn_with_stdin};
 
 fn line(v: serde_json::Value) -> String {
     String::from_utf8(frame::encode(&v)).unwrap()
@@ -26,7 +17,7 @@ fn line(v: serde_json::Value) -> String {
 #[test]
 fn garbage_and_oversized_lines_become_diagnostics_and_frames_still_flow() {
     let dir = tempfile::tempdir().unwrap();
-    let (backend, sb) = sandbox(&dir);
+    let (backend, sb) = local_sandbox(dir.path());
     let hello = line(json!({"type": "hello", "protocol": 1}));
     let keep = line(json!({"type": "transport_keepalive"}));
     let after = line(json!({"type": "tool_request", "req_id": 1, "name": "bash"}));
@@ -77,16 +68,8 @@ fn garbage_and_oversized_lines_become_diagnostics_and_frames_still_flow() {
 #[test]
 fn a_closed_channel_reads_as_a_clean_end() {
     let dir = tempfile::tempdir().unwrap();
-    let (backend, sb) = sandbox(&dir);
-    let process = sb
-        .spawn(
-            "cat > /dev/null",
-            &SpawnOpts {
-                stdin: true,
-                ..SpawnOpts::default()
-            },
-        )
-        .unwrap();
+    let (backend, sb) = local_sandbox(dir.path());
+    let process = spawn_with_stdin(sb.as_ref(), "cat > /dev/null");
     let mut ch = StdioChannel::new(sb.clone(), process, None);
     assert!(matches!(
         ch.recv(Duration::from_millis(50)),

@@ -4,13 +4,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::RecvTimeoutError;
 use wmo_e2b::emulator::{Emulator, EmulatorConfig, EmulatorHandle};
 use wmo_e2b::sandbox::e2b::{E2bBackend, E2bConfig, E2bOptions, HOME};
 use wmo_e2b::sandbox::{
     Backend, CreateSpec, ErrorClass, Killed, Metadata, ProcessEvent, RunOpts, SandboxError,
     SpawnOpts,
 };
+
+mod support;
+
+use support::{read_until, spawn_with_stdin};
 
 const KEY: &str = "e2b_0123456789abcdef";
 const WAIT: Duration = Duration::from_secs(20);
@@ -73,23 +76,6 @@ fn spec(run: &str) -> CreateSpec {
     }
 }
 
-/// Reads stdout until it contains `want`, or fails on exit, failure or the wait.
-fn read_until(events: &crossbeam_channel::Receiver<ProcessEvent>, want: &str) -> String {
-    let deadline = Instant::now() + WAIT;
-    let mut out = Vec::new();
-    while !String::from_utf8_lossy(&out).contains(want) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match events.recv_timeout(left) {
-            Ok(ProcessEvent::Stdout(b)) => out.extend(b),
-            Ok(ProcessEvent::Stderr(_)) => {}
-            Ok(other) => panic!("{other:?} before {want:?}; stdout so far {out:?}"),
-            Err(RecvTimeoutError::Timeout) => panic!("no {want:?} within the wait"),
-            Err(RecvTimeoutError::Disconnected) => panic!("the stream closed before {want:?}"),
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[test]
 fn create_run_spawn_stdin_list_and_kill() {
     let env = start();
@@ -125,17 +111,9 @@ fn create_run_spawn_stdin_list_and_kill() {
     assert!(matches!(err, SandboxError::NotFound { .. }), "{err:?}");
 
     // Background with stdin.
-    let p = sb
-        .spawn(
-            "cat",
-            &SpawnOpts {
-                stdin: true,
-                ..SpawnOpts::default()
-            },
-        )
-        .unwrap();
+    let p = spawn_with_stdin(sb.as_ref(), "cat");
     sb.send_stdin(p.pid, b"ping\n").unwrap();
-    assert_eq!(read_until(&p.events, "ping\n"), "ping\n");
+    assert_eq!(read_until(&p.events, "ping\n", WAIT), "ping\n");
     assert!(sb.processes().unwrap().iter().any(|i| i.pid == p.pid));
     sb.close_stdin(p.pid).unwrap();
     let deadline = Instant::now() + WAIT;
@@ -189,11 +167,11 @@ fn connect_by_id_and_reattach_by_pid() {
             &SpawnOpts::default(),
         )
         .unwrap();
-    read_until(&p.events, "tick");
+    read_until(&p.events, "tick", WAIT);
 
     let again = b.connect(first.id()).unwrap();
     let attached = again.connect(p.pid).unwrap();
-    read_until(&attached.events, "tick");
+    read_until(&attached.events, "tick", WAIT);
     again.kill_process(p.pid).unwrap();
     let err = again.connect(999_999).err().unwrap();
     assert!(

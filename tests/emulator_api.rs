@@ -1,14 +1,14 @@
 //! The emulator's control plane over HTTP: auth, create, list, kill, timeouts, connect,
 //! fault injection, concurrency, and a clean stop.
 
-#[path = "emulator_common.rs"]
-mod common;
+mod support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
 use serde_json::json;
+use support::emulator::*;
+use support::{eventually, pid_alive};
 use wmo_e2b::emulator::FaultSpec;
 
 const REQUIRED_LISTED: &[&str] = &[

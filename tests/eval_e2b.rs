@@ -2,12 +2,15 @@
 //! both sides, E2B's wire protocol in between.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 
 mod support;
+
+use support::{killed_by, reap_report, results_in, signal, slow_tasks, text, wait_for, Env};
 
 const KEY: &str = "e2b_0123456789abcdef0123456789abcdef01234567";
 
@@ -56,11 +59,11 @@ impl Emulator {
 
     /// How many sandboxes run once no create is in flight (the count holds still).
     fn settled_live_count(&self) -> usize {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let mut last = self.live().len();
         let mut still = 0;
         while still < 10 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(100));
             let now = self.live().len();
             still = if now == last { still + 1 } else { 0 };
             last = now;
@@ -79,59 +82,56 @@ impl Emulator {
 
 impl Drop for Emulator {
     fn drop(&mut self) {
-        unsafe { libc_kill(self.child.id() as i32, 15) };
+        signal(&self.child, libc::SIGTERM);
         let _ = self.child.wait();
     }
 }
 
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
-}
-
-fn eval(dir: &Path, emu: &Emulator, tasks: &Path, extra: &[&str]) -> (Output, PathBuf) {
-    let out = dir.join(format!("out-{}", extra.len()));
-    let o = Command::new(env!("CARGO_BIN_EXE_wmo-e2b"))
-        .args(["eval", "--backend", "e2b", "--tasks"])
-        .arg(tasks)
-        .arg("--out")
-        .arg(&out)
-        .args(extra)
-        .env("WMO_E2B_HOME", dir.join("state"))
-        .env("E2B_API_KEY", KEY)
+/// The CLI with `args` on `env`'s state, pointed at the emulator as at E2B.
+fn e2b(env: &Env, emu: &Emulator, args: &[&str]) -> Command {
+    let mut c = env.cmd(args);
+    c.env("E2B_API_KEY", KEY)
         .env("E2B_API_URL", &emu.url)
         .env("E2B_SANDBOX_URL", &emu.url)
-        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DEBUG");
+    c
+}
+
+/// `eval --backend e2b` of `tasks` into `out`, with `extra` options.
+fn eval_cmd(env: &Env, emu: &Emulator, tasks: &Path, out: &Path, extra: &[&str]) -> Command {
+    let mut c = e2b(env, emu, &["eval", "--backend", "e2b", "--tasks"]);
+    c.arg(tasks).arg("--out").arg(out).args(extra);
+    c
+}
+
+fn run(env: &Env, emu: &Emulator, args: &[&str]) -> Output {
+    e2b(env, emu, args).output().unwrap()
+}
+
+/// Starts an eval with `jobs` workers in the background; its output goes nowhere.
+fn spawn_eval(env: &Env, emu: &Emulator, tasks: &Path, out: &Path, jobs: &str) -> Child {
+    eval_cmd(env, emu, tasks, out, &["-j", jobs])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Runs an eval into `env.out()`.
+fn eval(env: &Env, emu: &Emulator, tasks: &Path, extra: &[&str]) -> Output {
+    eval_cmd(env, emu, tasks, &env.out(), extra)
         .output()
-        .unwrap();
-    (o, out)
-}
-
-fn results(out: &Path) -> Vec<Value> {
-    std::fs::read_to_string(out.join("results.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+        .unwrap()
 }
 
 #[test]
 fn the_example_tasks_pass_on_the_e2b_backend() {
-    let dir = tempfile::tempdir().unwrap();
-    let emu = Emulator::start(&dir.path().join("emu"), &[]);
+    let env = Env::new();
+    let emu = Emulator::start(&env.path("emu"), &[]);
     let tasks = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tasks.jsonl");
-    let (o, out) = eval(dir.path(), &emu, &tasks, &["-j", "3"]);
+    let o = eval(&env, &emu, &tasks, &["-j", "3"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let rs = results(&out);
+    let rs = env.results();
     assert_eq!(rs.len(), 5);
     assert!(rs.iter().all(|r| r["status"] == "passed"), "{rs:?}");
     assert!(emu.live().is_empty(), "{:?}", emu.live());
@@ -139,9 +139,9 @@ fn the_example_tasks_pass_on_the_e2b_backend() {
 
 #[test]
 fn a_fault_injected_run_records_every_task_and_leaves_nothing_running() {
-    let dir = tempfile::tempdir().unwrap();
+    let env = Env::new();
     let emu = Emulator::start(
-        &dir.path().join("emu"),
+        &env.path("emu"),
         &[
             "--fault",
             "create-429=0.2,create-503=0.05,drop-stream=0.05,kill-fail=0.1",
@@ -156,16 +156,10 @@ fn a_fault_injected_run_records_every_task_and_leaves_nothing_running() {
             )
         })
         .collect();
-    let tasks = dir.path().join("tasks.jsonl");
-    std::fs::write(&tasks, lines.join("\n")).unwrap();
-    let (o, out) = eval(
-        dir.path(),
-        &emu,
-        &tasks,
-        &["-j", "8", "--transport-retries", "2"],
-    );
+    let tasks = env.write_tasks(&lines);
+    let o = eval(&env, &emu, &tasks, &["-j", "8", "--transport-retries", "2"]);
     assert!(matches!(o.status.code(), Some(0 | 1)), "{}", text(&o));
-    let rs = results(&out);
+    let rs = env.results();
     assert_eq!(rs.len(), 100, "{}", text(&o));
     let mut ids: Vec<&str> = rs.iter().map(|r| r["id"].as_str().unwrap()).collect();
     ids.sort();
@@ -182,110 +176,50 @@ fn a_fault_injected_run_records_every_task_and_leaves_nothing_running() {
     assert!(dropped > 0, "no stream was dropped: {stats}");
     assert!(retried > 0, "dropped streams were not retried: {stats}");
     let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(env.out().join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["transport_retries"].as_u64().unwrap(), retried);
     assert!(emu.live().is_empty(), "{:?}", emu.live());
 }
 
 #[test]
 fn the_pi_harness_is_installed_inside_e2b_sandboxes() {
-    let dir = tempfile::tempdir().unwrap();
-    let emu = Emulator::start(&dir.path().join("emu"), &[]);
-    let tasks = dir.path().join("tasks.jsonl");
-    std::fs::write(
-        &tasks,
-        r#"{"id": "pi", "instruction": "x", "model_script": [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}]}, {"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]}]}"#,
-    )
-    .unwrap();
-    let (o, out) = eval(dir.path(), &emu, &tasks, &["--harness", "pi"]);
+    let env = Env::new();
+    let emu = Emulator::start(&env.path("emu"), &[]);
+    let tasks = env.write_tasks(&[r#"{"id": "pi", "instruction": "x", "model_script": [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}]}, {"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]}]}"#.to_string()]);
+    let o = eval(&env, &emu, &tasks, &["--harness", "pi"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let r = &results(&out)[0];
+    let r = &env.results()[0];
     assert_eq!(r["status"], "passed", "{r}");
     assert_eq!(r["turns"], 2, "{r}");
     assert!(emu.live().is_empty());
 }
 
-fn wmo(dir: &Path, emu: &Emulator, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_wmo-e2b"))
-        .args(args)
-        .env("WMO_E2B_HOME", dir.join("state"))
-        .env("E2B_API_KEY", KEY)
-        .env("E2B_API_URL", &emu.url)
-        .env("E2B_SANDBOX_URL", &emu.url)
-        .output()
-        .unwrap()
-}
-
-fn slow_tasks(dir: &Path, n: usize, delay_ms: u64) -> PathBuf {
-    let lines: Vec<String> = (0..n)
-        .map(|i| {
-            format!(
-                r#"{{"id": "t{i:03}", "instruction": "x", "model_script": [{{"delay_ms": {delay_ms}, "tool_calls": [{{"name": "bash", "arguments": {{"command": "true"}}}}]}}, {{"tool_calls": [{{"name": "submit", "arguments": {{"answer": "ok"}}}}]}}]}}"#
-            )
-        })
-        .collect();
-    let p = dir.join("slow.jsonl");
-    std::fs::write(&p, lines.join("\n")).unwrap();
-    p
-}
-
-fn spawn_eval(dir: &Path, emu: &Emulator, tasks: &Path, out: &Path, jobs: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_wmo-e2b"))
-        .args(["eval", "--backend", "e2b", "-j", jobs, "--tasks"])
-        .arg(tasks)
-        .arg("--out")
-        .arg(out)
-        .env("WMO_E2B_HOME", dir.join("state"))
-        .env("E2B_API_KEY", KEY)
-        .env("E2B_API_URL", &emu.url)
-        .env("E2B_SANDBOX_URL", &emu.url)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !f() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn reap_cleans_up_after_a_sigkilled_e2b_eval_and_spares_a_live_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let emu = Emulator::start(&dir.path().join("emu"), &[]);
-    let tasks = slow_tasks(dir.path(), 40, 1500);
-    let out = dir.path().join("crashed");
-    let mut child = spawn_eval(dir.path(), &emu, &tasks, &out, "8");
-    wait_until("a result", || !results(&out).is_empty());
+    let env = Env::new();
+    let emu = Emulator::start(&env.path("emu"), &[]);
+    let tasks = env.write_tasks(&slow_tasks(40, 1500));
+    let mut child = spawn_eval(&env, &emu, &tasks, &env.out(), "8");
+    wait_for("a result", Duration::from_secs(60), || {
+        !env.results().is_empty()
+    });
     child.kill().unwrap(); // SIGKILL: nothing is cleaned up.
     child.wait().unwrap();
-    let before = results(&out);
+    let before = env.results();
     // A create the run sent just before it died still completes in the emulator.
     let leaked = emu.settled_live_count();
     assert!(leaked > 0, "the crash leaked nothing");
 
     // A second, live run on the same state dir is never touched by the reap.
-    let live_out = dir.path().join("live");
-    let quick = slow_tasks(dir.path(), 16, 200);
-    let mut live = spawn_eval(dir.path(), &emu, &quick, &live_out, "4");
-    wait_until("the live run's sandboxes", || emu.live().len() > leaked);
+    let live_out = env.path("live");
+    let quick = env.write_tasks(&slow_tasks(16, 200));
+    let mut live = spawn_eval(&env, &emu, &quick, &live_out, "4");
+    wait_for("the live run's sandboxes", Duration::from_secs(60), || {
+        emu.live().len() > leaked
+    });
 
-    let o = wmo(dir.path(), &emu, &["reap", "--backend", "e2b", "--json"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let killed = report["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["result"] == "killed")
-        .count();
+    let report = reap_report(&run(&env, &emu, &["reap", "--backend", "e2b", "--json"]));
+    let killed = killed_by(&report);
     assert_eq!(killed, leaked, "{report}");
 
     assert_eq!(
@@ -293,7 +227,7 @@ fn reap_cleans_up_after_a_sigkilled_e2b_eval_and_spares_a_live_one() {
         Some(0),
         "the live run was disturbed"
     );
-    let rs = results(&live_out);
+    let rs = results_in(&live_out);
     assert_eq!(rs.len(), 16);
     assert!(
         rs.iter()
@@ -301,18 +235,18 @@ fn reap_cleans_up_after_a_sigkilled_e2b_eval_and_spares_a_live_one() {
         "{rs:?}"
     );
     assert!(emu.live().is_empty(), "{:?}", emu.live());
-    assert_eq!(results(&out), before, "finished results changed");
+    assert_eq!(env.results(), before, "finished results changed");
 
     // Reaping again reaches the same end state.
-    let o = wmo(dir.path(), &emu, &["reap", "--backend", "e2b"]);
+    let o = run(&env, &emu, &["reap", "--backend", "e2b"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("nothing to reap"),
         "{}",
         text(&o)
     );
-    let o = wmo(
-        dir.path(),
+    let o = run(
+        &env,
         &emu,
         &["sandbox", "list", "--backend", "e2b", "--json"],
     );
@@ -326,21 +260,14 @@ fn reap_cleans_up_after_a_sigkilled_e2b_eval_and_spares_a_live_one() {
 
 #[test]
 fn a_project_on_e2b_survives_a_runner_stream_dropped_mid_turn() {
-    let dir = tempfile::tempdir().unwrap();
+    let env = Env::new();
     // Every runner's output stream is cut after a few events, mid-turn.
-    let emu = Emulator::start(
-        &dir.path().join("emu"),
-        &["--fault", "drop-stdin-stream-after=6"],
-    );
+    let emu = Emulator::start(&env.path("emu"), &["--fault", "drop-stdin-stream-after=6"]);
     // Only create names the backend; later commands use the project's own.
-    let p = |args: &[&str]| {
-        let mut all = vec!["project"];
-        all.extend_from_slice(args);
-        wmo(dir.path(), &emu, &all)
-    };
+    let p = |args: &[&str]| run(&env, &emu, &[&["project"][..], args].concat());
     let o = p(&["create", "demo", "--backend", "e2b"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let seed = dir.path().join("seed.txt");
+    let seed = env.path("seed.txt");
     std::fs::write(&seed, "seeded\n").unwrap();
     let o = p(&[
         "put",
@@ -354,7 +281,7 @@ fn a_project_on_e2b_survives_a_runner_stream_dropped_mid_turn() {
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "seeded\n");
 
-    let script = dir.path().join("script.json");
+    let script = env.path("script.json");
     std::fs::write(
         &script,
         serde_json::json!([
@@ -425,8 +352,8 @@ fn a_project_on_e2b_survives_a_runner_stream_dropped_mid_turn() {
     let list = p(&["list", "--json"]);
     let old: Vec<Value> = serde_json::from_slice(&list.stdout).unwrap();
     let old_id = old[0]["sandbox_id"].as_str().unwrap().to_string();
-    let o = wmo(
-        dir.path(),
+    let o = run(
+        &env,
         &emu,
         &["sandbox", "kill", "--backend", "e2b", &old_id],
     );
@@ -453,10 +380,10 @@ fn a_project_on_e2b_survives_a_runner_stream_dropped_mid_turn() {
 
 #[test]
 fn more_workers_than_the_sandbox_cap_is_a_usage_error() {
-    let dir = tempfile::tempdir().unwrap();
+    let env = Env::new();
     let tasks = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tasks.jsonl");
-    let o = Command::new(env!("CARGO_BIN_EXE_wmo-e2b"))
-        .args([
+    let o = env
+        .cmd(&[
             "eval",
             "--backend",
             "e2b",
@@ -464,10 +391,9 @@ fn more_workers_than_the_sandbox_cap_is_a_usage_error() {
             "30",
             "--max-sandboxes",
             "20",
-            "--tasks",
         ])
+        .arg("--tasks")
         .arg(&tasks)
-        .env("WMO_E2B_HOME", dir.path())
         .env("E2B_API_KEY", KEY)
         .output()
         .unwrap();
@@ -481,12 +407,11 @@ fn more_workers_than_the_sandbox_cap_is_a_usage_error() {
 
 #[test]
 fn a_task_never_sees_what_an_earlier_task_left_on_the_e2b_backend() {
-    let dir = tempfile::tempdir().unwrap();
-    let emu = Emulator::start(&dir.path().join("emu"), &[]);
-    let tasks = dir.path().join("tasks.jsonl");
-    std::fs::write(&tasks, support::contamination::tasks().join("\n") + "\n").unwrap();
-    let (o, out) = eval(dir.path(), &emu, &tasks, &["-j", "1"]);
-    support::contamination::check(&results(&out));
+    let env = Env::new();
+    let emu = Emulator::start(&env.path("emu"), &[]);
+    let tasks = env.write_tasks(&support::contamination::tasks());
+    let o = eval(&env, &emu, &tasks, &["-j", "1"]);
+    support::contamination::check(&env.results());
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(emu.live().is_empty(), "{:?}", emu.live());
 }

@@ -1,39 +1,30 @@
 //! `wmo-e2b project` on the local backend: lifecycle, contained paths, bounds, snapshot
 //! rejections, replacement from the mirror.
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 use serde_json::Value;
 
-struct Env {
-    dir: tempfile::TempDir,
+mod support;
+
+use support::text;
+
+/// The shared scratch environment with a project named `demo` in it.
+struct Env(support::Env);
+
+impl std::ops::Deref for Env {
+    type Target = support::Env;
+    fn deref(&self) -> &support::Env {
+        &self.0
+    }
 }
 
 impl Env {
     fn new() -> Env {
-        let env = Env {
-            dir: tempfile::tempdir().unwrap(),
-        };
+        let env = Env(support::Env::new());
         let o = env.run(&["project", "create", "demo"]);
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
         env
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_wmo-e2b"));
-        c.args(args)
-            .env("WMO_E2B_HOME", self.path("state"))
-            .current_dir(self.dir.path());
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().unwrap()
     }
 
     fn put(&self, path: &str, content: &str) -> Output {
@@ -63,15 +54,6 @@ impl Env {
         let v: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
         v[0]["sandbox_id"].as_str().unwrap().to_string()
     }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn stdout(o: &Output) -> String {
@@ -162,6 +144,31 @@ fn timeouts_out_of_range_are_refused_before_anything_starts() {
     assert_eq!(env.sandbox_id(), before);
 }
 
+/// A turn needs something to answer it: a model on the API or a script. Without one it is
+/// refused as usage, before the project's sandbox is touched.
+#[test]
+fn a_turn_without_a_model_or_a_script_is_a_usage_error() {
+    let env = Env::new();
+    let before = env.sandbox_id();
+    for extra in [&[][..], &["--model", "scripted"]] {
+        let mut args = vec!["project", "run", "demo", "--instruction", "x"];
+        args.extend_from_slice(extra);
+        let o = env.run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("--model") && err.contains("--script"), "{err}");
+    }
+    assert_eq!(env.sandbox_id(), before);
+}
+
+/// Whether `name` lies beside the project, where a `..` let through would put it: beside the
+/// workspace in the sandbox, and beside the mirror on the host.
+fn lies_beside_the_project(env: &Env, name: &str) -> bool {
+    let o = env.exec(&format!("test -e ../{name}"));
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", text(&o));
+    o.status.code() == Some(0) || env.path(&format!("state/projects/demo/{name}")).exists()
+}
+
 #[test]
 fn hostile_paths_are_rejected_by_name() {
     let env = Env::new();
@@ -187,7 +194,9 @@ fn hostile_paths_are_rejected_by_name() {
         "../up",
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(!env.path("state/up").exists());
+    for name in ["escape", "b", "up"] {
+        assert!(!lies_beside_the_project(&env, name), "{name} escaped");
+    }
     let o = env.run(&["project", "create", "Bad/Name"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let o = env.run(&["project", "create", "demo"]);
@@ -204,30 +213,15 @@ fn stage_validates_everything_before_writing_anything() {
         std::fs::write(tree.join(format!("src/f{i}.rs")), format!("// {i}\n")).unwrap();
     }
     let from = tree.to_str().unwrap();
-    let o = env.run(&[
-        "project",
-        "stage",
-        "demo",
-        "--from",
-        from,
-        "--to",
-        "app",
-        "--max-files",
-        "4",
-    ]);
+    // Stages the tree to `app`, within `bounds`.
+    let stage = |bounds: &[&str]| {
+        let stage = ["project", "stage", "demo", "--from", from, "--to", "app"];
+        env.run(&[&stage[..], bounds].concat())
+    };
+    let o = stage(&["--max-files", "4"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("more than 4 files"));
-    let o = env.run(&[
-        "project",
-        "stage",
-        "demo",
-        "--from",
-        from,
-        "--to",
-        "app",
-        "--max-bytes",
-        "10",
-    ]);
+    let o = stage(&["--max-bytes", "10"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert_eq!(
         env.exec("test -e app").status.code(),
@@ -236,17 +230,17 @@ fn stage_validates_everything_before_writing_anything() {
     );
 
     std::fs::write(tree.join("bad.bin"), [0xffu8, 0xfe]).unwrap();
-    let o = env.run(&["project", "stage", "demo", "--from", from, "--to", "app"]);
+    let o = stage(&[]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("bad.bin"));
     std::fs::remove_file(tree.join("bad.bin")).unwrap();
     std::os::unix::fs::symlink("/etc/passwd", tree.join("src/link")).unwrap();
-    let o = env.run(&["project", "stage", "demo", "--from", from, "--to", "app"]);
+    let o = stage(&[]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("src/link"));
     std::fs::remove_file(tree.join("src/link")).unwrap();
 
-    let o = env.run(&["project", "stage", "demo", "--from", from, "--to", "app"]);
+    let o = stage(&[]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let o = env.exec("cat app/src/f3.rs");
     assert_eq!(stdout(&o), "// 3\n");
@@ -278,29 +272,30 @@ fn snapshot_harvests_a_sorted_tree_and_rejects_what_is_not_a_plain_file() {
     )
     .unwrap();
     assert_eq!(snap["tree_hash"], again["tree_hash"], "not deterministic");
+    // Computed from the documented encoding, independently of this crate.
+    assert_eq!(
+        snap["tree_hash"],
+        "9ed57639665a32cc1ddcd882a426e92f6b546c9af26da174bef17deb00f6c25e"
+    );
 
     let local = env.path("harvest");
-    let o = env.run(&[
-        "project",
-        "snapshot",
-        "demo",
-        "out",
-        "--out",
-        local.to_str().unwrap(),
-    ]);
+    let harvest = || {
+        env.run(&[
+            "project",
+            "snapshot",
+            "demo",
+            "out",
+            "--out",
+            local.to_str().unwrap(),
+        ])
+    };
+    let o = harvest();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(
         std::fs::read_to_string(local.join("b/1.txt")).unwrap(),
         "one\n"
     );
-    let o = env.run(&[
-        "project",
-        "snapshot",
-        "demo",
-        "out",
-        "--out",
-        local.to_str().unwrap(),
-    ]);
+    let o = harvest();
     assert_ne!(o.status.code(), Some(0), "overwrote an existing directory");
 
     let rejections = [
@@ -460,6 +455,7 @@ fn an_agent_turn_writes_through_the_mirror_within_its_grant() {
     let o = env.run(&["project", "get", "demo", "other.md"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(!env.path("state/projects/demo/mirror/other.md").exists());
+    assert!(!lies_beside_the_project(&env, "escape.md"));
 }
 
 #[test]

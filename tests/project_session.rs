@@ -1,12 +1,14 @@
 //! Project turns through the library: a turn survives a dropped output stream without
 //! replaying work, and a dead runner is replaced and the turn replayed from the mirror.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::json;
 use wmo_e2b::cancel::CancelToken;
-use wmo_e2b::project::session::{run_turn, TurnError, TurnOptions};
+use wmo_e2b::project::session::{run_turn, TurnError, TurnOptions, TurnResult};
 use wmo_e2b::project::Project;
 use wmo_e2b::provider::scripted::FixedScript;
 use wmo_e2b::provider::{Completion, ModelCall, Provider, ProviderError};
@@ -158,6 +160,26 @@ fn steps(v: serde_json::Value) -> Vec<ScriptStep> {
     serde_json::from_value(v).unwrap()
 }
 
+/// A project named `p` with its state under `dir`.
+fn project_on(dir: &Path, backend: Arc<dyn Backend>) -> Project {
+    Project::create(dir, "p", backend, None, Duration::from_secs(600)).unwrap()
+}
+
+/// One turn, uncancelled, its event log discarded.
+fn turn(
+    project: &mut Project,
+    provider: &dyn Provider,
+    opts: &TurnOptions,
+) -> std::result::Result<TurnResult, TurnError> {
+    run_turn(
+        project,
+        provider,
+        opts,
+        &CancelToken::new(),
+        &mut std::io::sink(),
+    )
+}
+
 fn write_then_submit() -> Vec<ScriptStep> {
     steps(json!([
         {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "A"}}]},
@@ -174,14 +196,7 @@ fn a_turn_survives_a_dropped_output_stream_without_replaying_work() {
         inner: LocalBackend::open(dir.path()).unwrap(),
         cut_after: 5,
     });
-    let mut project = Project::create(
-        dir.path(),
-        "p",
-        backend,
-        None,
-        std::time::Duration::from_secs(600),
-    )
-    .unwrap();
+    let mut project = project_on(dir.path(), backend);
     let provider = Counting {
         script: FixedScript(write_then_submit()),
         calls: AtomicUsize::new(0),
@@ -192,15 +207,7 @@ fn a_turn_survives_a_dropped_output_stream_without_replaying_work() {
         instruction: "write a and b".into(),
         ..TurnOptions::default()
     };
-    let mut log = Vec::new();
-    let r = run_turn(
-        &mut project,
-        &provider,
-        &opts,
-        &CancelToken::new(),
-        &mut log,
-    )
-    .unwrap();
+    let r = turn(&mut project, &provider, &opts).unwrap();
     assert_eq!(r.answer.as_deref(), Some("done"));
     assert!(r.stream_lost, "the stream was never cut");
     assert!(r.frames_from_disk > 0, "no frame came from the outbox");
@@ -213,7 +220,6 @@ fn a_turn_survives_a_dropped_output_stream_without_replaying_work() {
     assert_eq!(project.get("b.txt").unwrap(), b"B");
 }
 
-/// Kills this test's live runner (the node process whose cwd is under `root`).
 /// Kills the live runner behind the host's back: its whole process group, as the host
 /// numbers it, leaving the sandbox's own records as they were.
 fn kill_live_runner(sandbox: &dyn Sandbox) {
@@ -226,46 +232,30 @@ fn kill_live_runner(sandbox: &dyn Sandbox) {
     }
 }
 
+/// Writes a and b, then submits; its live runner is killed once, as the second model call
+/// comes in.
+fn killing_the_runner_at_the_second_call(sandbox: Arc<dyn Sandbox>) -> Counting {
+    Counting {
+        script: FixedScript(write_then_submit()),
+        calls: AtomicUsize::new(0),
+        hook_at: 1,
+        hook: Box::new(move || kill_live_runner(sandbox.as_ref())),
+    }
+}
+
 #[test]
 fn a_dead_runner_is_replaced_and_the_turn_replayed_from_the_mirror() {
     let dir = tempfile::tempdir().unwrap();
     let backend = LocalBackend::open(dir.path()).unwrap();
-    let mut project = Project::create(
-        dir.path(),
-        "p",
-        backend,
-        None,
-        std::time::Duration::from_secs(600),
-    )
-    .unwrap();
+    let mut project = project_on(dir.path(), backend);
     project.put("seed.txt", b"from the mirror").unwrap();
     let first = project.state().sandbox_id.clone();
-    let sandbox = project.sandbox().clone();
-    let killed = Arc::new(AtomicBool::new(false));
-    let k = killed.clone();
-    let provider = Counting {
-        script: FixedScript(write_then_submit()),
-        calls: AtomicUsize::new(0),
-        hook_at: 1,
-        hook: Box::new(move || {
-            if !k.swap(true, Ordering::SeqCst) {
-                kill_live_runner(sandbox.as_ref());
-            }
-        }),
-    };
+    let provider = killing_the_runner_at_the_second_call(project.sandbox().clone());
     let opts = TurnOptions {
         instruction: "write a and b".into(),
         ..TurnOptions::default()
     };
-    let mut log = Vec::new();
-    let r = run_turn(
-        &mut project,
-        &provider,
-        &opts,
-        &CancelToken::new(),
-        &mut log,
-    )
-    .unwrap();
+    let r = turn(&mut project, &provider, &opts).unwrap();
     assert_eq!(r.answer.as_deref(), Some("done"));
     assert_eq!(r.attempts, 2);
     assert_ne!(
@@ -277,31 +267,13 @@ fn a_dead_runner_is_replaced_and_the_turn_replayed_from_the_mirror() {
     assert_eq!(project.get("b.txt").unwrap(), b"B");
 
     // With bash allowed, the same failure is not replayed: shell writes bypass the mirror.
-    let sandbox = project.sandbox().clone();
-    let killed = Arc::new(AtomicBool::new(false));
-    let provider = Counting {
-        script: FixedScript(write_then_submit()),
-        calls: AtomicUsize::new(0),
-        hook_at: 1,
-        hook: Box::new(move || {
-            if !killed.swap(true, Ordering::SeqCst) {
-                kill_live_runner(sandbox.as_ref());
-            }
-        }),
-    };
+    let provider = killing_the_runner_at_the_second_call(project.sandbox().clone());
     let opts = TurnOptions {
         instruction: "again".into(),
         allow_bash: true,
         ..TurnOptions::default()
     };
-    let err = run_turn(
-        &mut project,
-        &provider,
-        &opts,
-        &CancelToken::new(),
-        &mut log,
-    )
-    .unwrap_err();
+    let err = turn(&mut project, &provider, &opts).unwrap_err();
     assert!(matches!(err, TurnError::NotReplayable { .. }), "{err}");
     assert!(err.to_string().contains("--allow-bash"), "{err}");
 }

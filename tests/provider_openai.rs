@@ -24,6 +24,11 @@ struct Reply {
 
 impl Reply {
     fn completion() -> Self {
+        Self::completion_saying(Value::Null)
+    }
+
+    /// A completion whose message says `content` beside its tool call.
+    fn completion_saying(content: Value) -> Self {
         let body = json!({
             "id": "chatcmpl-1",
             "object": "chat.completion",
@@ -33,7 +38,7 @@ impl Reply {
                 "index": 0,
                 "message": {
                     "role": "assistant",
-                    "content": null,
+                    "content": content,
                     "tool_calls": [{
                         "id": "call_1",
                         "type": "function",
@@ -66,6 +71,8 @@ impl Reply {
 struct TestServer {
     base_url: String,
     hits: Arc<AtomicUsize>,
+    /// When each request reached the server, in order.
+    arrivals: Arc<Mutex<Vec<Instant>>>,
     bodies: Arc<Mutex<Vec<Value>>>,
     server: Arc<tiny_http::Server>,
     thread: Option<JoinHandle<()>>,
@@ -84,11 +91,14 @@ impl TestServer {
         let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
         let port = server.server_addr().to_ip().unwrap().port();
         let hits = Arc::new(AtomicUsize::new(0));
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
         let bodies = Arc::new(Mutex::new(Vec::new()));
         let thread = {
             let (server, hits, bodies) = (server.clone(), hits.clone(), bodies.clone());
+            let arrivals = arrivals.clone();
             std::thread::spawn(move || {
                 for mut request in server.incoming_requests() {
+                    arrivals.lock().unwrap().push(Instant::now());
                     let n = hits.fetch_add(1, Ordering::SeqCst);
                     let mut text = String::new();
                     let answer = match request.as_reader().read_to_string(&mut text) {
@@ -101,15 +111,7 @@ impl TestServer {
                             }
                         },
                     };
-                    let mut response = tiny_http::Response::from_string(answer.body)
-                        .with_status_code(answer.status);
-                    for (name, value) in answer.headers {
-                        response = response.with_header(
-                            tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes())
-                                .unwrap(),
-                        );
-                    }
-                    let _ = request.respond(response);
+                    respond(request, answer);
                     after_reply();
                 }
             })
@@ -117,6 +119,7 @@ impl TestServer {
         Self {
             base_url: format!("http://127.0.0.1:{port}/v1"),
             hits,
+            arrivals,
             bodies,
             server,
             thread: Some(thread),
@@ -139,6 +142,16 @@ impl Drop for TestServer {
             let _ = t.join();
         }
     }
+}
+
+fn respond(request: tiny_http::Request, answer: Reply) {
+    let mut response =
+        tiny_http::Response::from_string(answer.body).with_status_code(answer.status);
+    for (name, value) in answer.headers {
+        let header = tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()).unwrap();
+        response = response.with_header(header);
+    }
+    let _ = request.respond(response);
 }
 
 /// What the real API insists on: the route, the key, and a body with `model` and `messages`.
@@ -225,9 +238,12 @@ fn success_forwards_the_body_and_counts_usage() {
 
 #[test]
 fn rate_limits_are_retried_after_retry_after() {
+    // Far beyond the 1 ms backoff of the test config: only the header explains such a wait.
+    const RETRY_AFTER: Duration = Duration::from_secs(1);
     let server = TestServer::start(|n| {
         if n < 2 {
-            Reply::status(429, r#"{"error":{"message":"slow down"}}"#).header("Retry-After", "0")
+            Reply::status(429, r#"{"error":{"message":"slow down"}}"#)
+                .header("Retry-After", &RETRY_AFTER.as_secs().to_string())
         } else {
             Reply::completion()
         }
@@ -235,6 +251,15 @@ fn rate_limits_are_retried_after_retry_after() {
     let c = run(&server, 4).unwrap();
     assert_eq!(c.retries, 2);
     assert_eq!(server.hits(), 3);
+    let arrivals = server.arrivals.lock().unwrap().clone();
+    for (i, pair) in arrivals.windows(2).enumerate() {
+        let waited = pair[1] - pair[0];
+        assert!(
+            waited >= RETRY_AFTER,
+            "retry {} came {waited:?} after its 429, which asked for {RETRY_AFTER:?}",
+            i + 1
+        );
+    }
 }
 
 #[test]
@@ -431,22 +456,75 @@ const _: () = {
 };
 
 #[test]
-fn one_provider_serves_calls_from_several_threads() {
-    // The calls run one after another on purpose: tiny_http 0.12's connection pool can lose a
-    // wakeup when connections arrive together, leaving a keep-alive client unserved until
-    // its timeout. Sequential calls from different threads still share the agent's pool.
-    let server = TestServer::start(|_| Reply::completion());
-    let provider = Arc::new(OpenAiProvider::with_key(server.config(0), KEY));
-    for _ in 0..4 {
-        let provider = provider.clone();
-        let retries = std::thread::spawn(move || {
-            complete(&provider, &CancelToken::new())
-                .map(|c| c.retries)
-                .map_err(|e| e.to_string())
+fn one_provider_serves_calls_from_several_threads_at_once() {
+    const CALLS: usize = 4;
+    // Answers nobody until every call is in (or the deadline passes), then answers each
+    // request with its own message: the calls pass only if the provider had them in flight
+    // together, and each caller must get its own answer back.
+    let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+    let base_url = format!(
+        "http://127.0.0.1:{}/v1",
+        server.server_addr().to_ip().unwrap().port()
+    );
+    let gatherer = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut held = Vec::new();
+        while held.len() < CALLS {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match server.recv_timeout(left) {
+                Ok(Some(request)) => held.push(request),
+                _ => break,
+            }
+        }
+        let in_flight = held.len();
+        for mut request in held {
+            let mut text = String::new();
+            request.as_reader().read_to_string(&mut text).unwrap();
+            let answer = match check(&request, &text) {
+                Ok(body) => Reply::completion_saying(body["messages"][0]["content"].clone()),
+                Err(refusal) => refusal,
+            };
+            respond(request, answer);
+        }
+        in_flight
+    });
+    // A call outlives the gatherer's deadline: a provider that made callers take turns
+    // would still be waiting for its first answer when the gatherer gives up.
+    let provider = Arc::new(OpenAiProvider::with_key(
+        OpenAiConfig {
+            timeout: Duration::from_secs(30),
+            ..config(&base_url, 0)
+        },
+        KEY,
+    ));
+    let callers: Vec<JoinHandle<Result<Value, String>>> = (0..CALLS)
+        .map(|i| {
+            let provider = provider.clone();
+            std::thread::spawn(move || {
+                let mut body = request_body();
+                body["messages"][0]["content"] = json!(format!("from caller {i}"));
+                let call = ModelCall {
+                    label: "t1",
+                    script: None,
+                    index: 0,
+                    body: &body,
+                    cancel: &CancelToken::new(),
+                };
+                provider
+                    .complete(&call)
+                    .map(|c| c.body["choices"][0]["message"]["content"].clone())
+                    .map_err(|e| e.to_string())
+            })
         })
-        .join()
-        .unwrap();
-        assert_eq!(retries, Ok(0));
+        .collect();
+    let answers: Vec<Result<Value, String>> =
+        callers.into_iter().map(|c| c.join().unwrap()).collect();
+    assert_eq!(
+        gatherer.join().unwrap(),
+        CALLS,
+        "the calls were never all in flight together: {answers:?}"
+    );
+    for (i, answer) in answers.into_iter().enumerate() {
+        assert_eq!(answer, Ok(json!(format!("from caller {i}"))));
     }
-    assert_eq!(server.hits(), 4);
 }

@@ -1,202 +1,153 @@
 //! Leases and reap on the local backend: crashes leave nothing `reap` cannot find, and reap
 //! never touches a live run.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::collections::BTreeSet;
+use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::json;
 use wmo_e2b::sandbox::ledger::{self, LeaseState, Ledger, Owner, TAG_LEASE, TAG_OWNER};
 use wmo_e2b::sandbox::local::LocalBackend;
 use wmo_e2b::sandbox::{Backend, CreateSpec, Metadata};
 
-struct Env {
-    dir: tempfile::TempDir,
-}
+mod support;
 
-impl Env {
-    fn new() -> Env {
-        Env {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
+use support::{killed_by, reap_report, slow_tasks, text, wait_for, Env};
 
-    fn home(&self) -> PathBuf {
-        self.dir.path().join("state")
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_wmo-e2b"));
-        c.args(args)
-            .env("WMO_E2B_HOME", self.home())
-            .current_dir(self.dir.path());
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().unwrap()
-    }
-
-    fn tasks(&self, n: usize, delay_ms: u64) -> PathBuf {
-        let p = self.dir.path().join("tasks.jsonl");
-        let lines: Vec<String> = (0..n)
-            .map(|i| {
-                format!(
-                    r#"{{"id": "t{i:03}", "instruction": "x", "model_script": [{{"delay_ms": {delay_ms}, "tool_calls": [{{"name": "bash", "arguments": {{"command": "true"}}}}]}}, {{"tool_calls": [{{"name": "submit", "arguments": {{"answer": "ok"}}}}]}}]}}"#
-                )
-            })
-            .collect();
-        std::fs::write(&p, lines.join("\n")).unwrap();
-        p
-    }
-
-    fn live(&self) -> Vec<Value> {
-        let o = self.run(&["sandbox", "list", "--json"]);
-        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-        serde_json::from_slice::<Vec<Value>>(&o.stdout).unwrap()
-    }
-
-    fn sandbox_dirs(&self) -> Vec<String> {
-        std::fs::read_dir(self.home().join("sandboxes"))
-            .map(|rd| {
-                rd.filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    fn lease_states(&self) -> Vec<LeaseState> {
-        ledger::read_leases(&self.home())
-            .0
-            .into_iter()
-            .map(|(_, l)| l.state)
-            .collect()
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn result_lines(out: &Path) -> Vec<Value> {
-    std::fs::read_to_string(out.join("results.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("torn result {l:?}: {e}")))
+fn lease_states(env: &Env) -> Vec<LeaseState> {
+    ledger::read_leases(&env.home())
+        .0
+        .into_iter()
+        .map(|(_, l)| l.state)
         .collect()
 }
 
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn listed_ids(env: &Env) -> BTreeSet<String> {
+    env.sandbox_list()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect()
 }
 
 #[test]
 fn reap_after_a_sigkilled_eval_kills_every_leaked_sandbox_and_results_survive() {
     let env = Env::new();
-    let tasks = env.tasks(40, 1500);
-    let out = env.dir.path().join("out");
-    let mut child = env
-        .cmd(&[
-            "eval",
-            "--tasks",
-            tasks.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "-j",
-            "8",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let tasks = env.write_tasks(&slow_tasks(40, 1500));
+    let mut child = env.spawn_eval(&tasks, &["-j", "8"]);
     wait_for("a result", Duration::from_secs(60), || {
-        !result_lines(&out).is_empty()
+        !env.results().is_empty()
     });
     child.kill().unwrap(); // SIGKILL: no cleanup of any kind runs.
     child.wait().unwrap();
-    let before = result_lines(&out);
+    let before = env.results();
     assert!(!before.is_empty());
-    let leaked = env.live();
+    let leaked = env.sandbox_list();
     assert!(!leaked.is_empty(), "the crash left no sandbox to reap");
     assert!(leaked.iter().all(|s| s["kind"] == "eval"));
 
     let o = env.run(&["reap", "--dry-run"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(
-        env.live().len(),
+        env.sandbox_list().len(),
         leaked.len(),
         "a dry run changed something"
     );
 
-    let o = env.run(&["reap", "--json"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let killed = report["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["result"] == "killed")
-        .count();
+    let report = reap_report(&env.run(&["reap", "--json"]));
+    let killed = killed_by(&report);
     assert!(killed >= leaked.len(), "{report}");
-    assert!(env.live().is_empty());
-    assert!(env.sandbox_dirs().is_empty(), "{:?}", env.sandbox_dirs());
-    assert!(env.lease_states().iter().all(|s| *s == LeaseState::Retired));
+    assert!(env.sandbox_list().is_empty());
+    assert!(
+        env.live_sandboxes().is_empty(),
+        "{:?}",
+        env.live_sandboxes()
+    );
+    assert!(lease_states(&env).iter().all(|s| *s == LeaseState::Retired));
     // Every result written before the kill is intact.
-    assert_eq!(result_lines(&out), before);
+    assert_eq!(env.results(), before);
 
     // A second reap finds nothing and changes nothing.
     let o = env.run(&["reap"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to reap"));
-    assert!(env.lease_states().iter().all(|s| *s == LeaseState::Retired));
+    assert!(lease_states(&env).iter().all(|s| *s == LeaseState::Retired));
+}
+
+/// The widest reap there is (foreign sandboxes too, of any age) finds nothing to do.
+fn reap_everything_finds_nothing(env: &Env) {
+    let report =
+        reap_report(&env.run(&["reap", "--include-foreign", "--older-than", "0s", "--json"]));
+    assert_eq!(report["candidates"], json!([]), "{report}");
 }
 
 #[test]
 fn reap_beside_a_live_eval_leaves_it_alone() {
+    const JOBS: usize = 4;
     let env = Env::new();
-    let tasks = env.tasks(24, 300);
-    let out = env.dir.path().join("out");
-    let mut child = env
-        .cmd(&[
-            "eval",
-            "--tasks",
-            tasks.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "-j",
-            "4",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for("live sandboxes", Duration::from_secs(60), || {
-        !env.live().is_empty()
-    });
-    for _ in 0..3 {
-        let o = env.run(&["reap", "--include-foreign", "--older-than", "0s", "--json"]);
-        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-        let report: Value = serde_json::from_slice(&o.stdout).unwrap();
-        assert_eq!(report["candidates"], serde_json::json!([]), "{report}");
+    // Every task holds its sandbox (in a tool call) until the test releases it, so the eval
+    // is known to hold all its sandboxes while the reaps below run.
+    let hold = json!({"tool_calls": [{"name": "bash", "arguments": {"command":
+        "touch held; until [ -e released ]; do sleep 0.1; done"}}]});
+    let submit = json!({"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]});
+    let lines: Vec<String> = (0..JOBS)
+        .map(|i| {
+            json!({"id": format!("t{i}"), "instruction": "x", "model_script": [hold, submit]})
+                .to_string()
+        })
+        .collect();
+    let tasks = env.write_tasks(&lines);
+    let mut child = env.spawn_eval(&tasks, &["-j", &JOBS.to_string()]);
+    // The sandboxes whose task is in its tool call, by id.
+    let holding = || -> BTreeSet<String> {
+        env.live_sandboxes()
+            .into_iter()
+            .filter(|id| {
+                env.home()
+                    .join("sandboxes")
+                    .join(id)
+                    .join("root/workspace/held")
+                    .exists()
+            })
+            .collect()
+    };
+
+    // Reaps while the eval leases and creates its sandboxes...
+    wait_for(
+        "every task to hold its sandbox",
+        Duration::from_secs(60),
+        || {
+            assert!(child.try_wait().unwrap().is_none(), "the eval ended early");
+            reap_everything_finds_nothing(&env);
+            holding().len() == JOBS
+        },
+    );
+    // ...and while it holds every one of them: each reap leaves them all running, and the
+    // eval with them.
+    let held = holding();
+    for _ in 0..2 {
+        reap_everything_finds_nothing(&env);
+        let listed = listed_ids(&env);
+        assert!(held.is_subset(&listed), "held {held:?}, listed {listed:?}");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the eval ended while its tasks were held"
+        );
+    }
+
+    for id in &held {
+        let workspace = env.home().join("sandboxes").join(id).join("root/workspace");
+        std::fs::write(workspace.join("released"), "").unwrap();
     }
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
-    let results = result_lines(&out);
-    assert_eq!(results.len(), 24);
-    assert!(results
-        .iter()
-        .all(|r| r["status"] == "passed" && r["attempts"] == 1));
-    assert!(env.live().is_empty());
+    let results = env.results();
+    assert_eq!(results.len(), JOBS, "{results:?}");
+    for r in &results {
+        assert_eq!(r["status"], "passed", "{r}");
+        assert_eq!(r["attempts"], 1, "{r}");
+        // Served to the end by the sandbox it held during the reaps.
+        assert!(held.contains(r["sandbox"]["id"].as_str().unwrap()), "{r}");
+    }
+    assert!(env.sandbox_list().is_empty());
 }
 
 /// An owner that is provably dead: this process's pid with another start time.
@@ -255,42 +206,34 @@ fn a_creating_lease_of_a_dead_owner_is_resolved_by_its_tag() {
 
     let o = env.run(&["reap", "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let ids: Vec<String> = env
-        .live()
-        .iter()
-        .map(|s| s["id"].as_str().unwrap().to_string())
-        .collect();
+    let ids = listed_ids(&env);
     assert!(
-        !ids.contains(&sb.id().to_string()),
+        !ids.contains(sb.id()),
         "the orphan of a creating lease survived"
     );
     assert!(
-        ids.contains(&dead_foreign.id().to_string()),
+        ids.contains(dead_foreign.id()),
         "foreign sandboxes need --include-foreign"
     );
-    assert!(ids.contains(&live_foreign.id().to_string()));
+    assert!(ids.contains(live_foreign.id()));
     assert!(
-        env.lease_states().iter().all(|s| *s == LeaseState::Retired),
+        lease_states(&env).iter().all(|s| *s == LeaseState::Retired),
         "{:?}",
-        env.lease_states()
+        lease_states(&env)
     );
 
     let o = env.run(&["reap", "--include-foreign"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let ids: Vec<String> = env
-        .live()
-        .iter()
-        .map(|s| s["id"].as_str().unwrap().to_string())
-        .collect();
+    let ids = listed_ids(&env);
     assert_eq!(
         ids,
-        vec![live_foreign.id().to_string()],
+        BTreeSet::from([live_foreign.id().to_string()]),
         "only the live owner's sandbox stays"
     );
 
     let o = env.run(&["sandbox", "kill", live_foreign.id()]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert!(env.live().is_empty());
+    assert!(env.sandbox_list().is_empty());
     let o = env.run(&["sandbox", "kill", live_foreign.id()]);
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("already gone"),

@@ -1,25 +1,21 @@
 //! The bootstrap's hello check against runners that say hello in other ways than ours: a
 //! stand-in `node` on the runner's PATH prints a canned hello, then waits on stdin.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use wmo_e2b::channel::frame;
 use wmo_e2b::runner::{bootstrap, BootstrapOpts, RunnerError};
-use wmo_e2b::sandbox::local::LocalBackend;
-use wmo_e2b::sandbox::{Backend, CreateSpec, Role, RunOpts, Sandbox};
+use wmo_e2b::sandbox::{Backend, Role, RunOpts};
+
+mod support;
+
+use support::local_sandbox;
 
 /// Bootstraps a runner whose `node` answers with `hello`, in a fresh local sandbox.
 fn bootstrap_with_hello(hello: Value) -> Result<Value, RunnerError> {
     let dir = tempfile::tempdir().unwrap();
-    let backend = LocalBackend::open(&dir.path().join("state")).unwrap();
-    let sb: Arc<dyn Sandbox> = backend
-        .create(&CreateSpec {
-            timeout_secs: 120,
-            ..CreateSpec::default()
-        })
-        .unwrap();
+    let (backend, sb) = local_sandbox(&dir.path().join("state"));
     // The stand-in lives in the sandbox (a confined runner sees nothing of the host's temp
     // directories), in a `bin` beside the runner, first on its PATH.
     let bin = format!("{}/bin", sb.system_dir());

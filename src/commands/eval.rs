@@ -17,7 +17,9 @@ use wmo_e2b::sandbox::ledger::Ledger;
 use wmo_e2b::sandbox::local::LocalOptions;
 use wmo_e2b::sandbox::Backend;
 
-use super::{open_backend_with, open_local, BackendKind, Exit, LocalArgs, UsageError};
+use super::{
+    open_backend_with, open_local, BackendKind, Exit, LocalArgs, ModelApiArgs, UsageError,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EnvKind {
@@ -46,12 +48,8 @@ pub struct EvalArgs {
     /// OpenAI-compatible chat-completions API.
     #[arg(long, default_value = "scripted")]
     model: String,
-    /// Base URL of the OpenAI-compatible API.
-    #[arg(long, default_value = "https://api.openai.com/v1")]
-    base_url: String,
-    /// Environment variable holding the API key (read on the host; never sent to a sandbox).
-    #[arg(long, default_value = "OPENAI_API_KEY")]
-    api_key_env: String,
+    #[command(flatten)]
+    api: ModelApiArgs,
     /// Tasks running at once.
     #[arg(short = 'j', long = "jobs", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
     jobs: u16,
@@ -242,12 +240,7 @@ fn e2b_options(args: &EvalArgs) -> wmo_e2b::sandbox::e2b::E2bOptions {
 }
 
 fn make_provider(args: &EvalArgs, model: &str) -> Result<Arc<dyn Provider>> {
-    super::make_provider(
-        model,
-        &args.base_url,
-        &args.api_key_env,
-        args.request_timeout,
-    )
+    args.api.provider(model, args.request_timeout)
 }
 
 /// The one place a run's verdict becomes an exit code.

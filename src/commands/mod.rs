@@ -7,7 +7,7 @@ pub mod project;
 pub mod reap;
 pub mod sandbox;
 
-/// Documented exit codes (see `wmo-e2b --help`).
+/// Documented exit codes (`wmo-e2b --help` lists them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     Success = 0,
@@ -114,29 +114,42 @@ pub fn open_local(
     Ok(backend)
 }
 
-/// A model provider: `scripted`, or a model name on an OpenAI-compatible API.
-pub fn make_provider(
-    model: &str,
-    base_url: &str,
-    api_key_env: &str,
-    timeout: std::time::Duration,
-) -> anyhow::Result<std::sync::Arc<dyn wmo_e2b::provider::Provider>> {
-    use wmo_e2b::provider::openai::{OpenAiConfig, OpenAiProvider};
-    if model == "scripted" {
-        return Ok(std::sync::Arc::new(
-            wmo_e2b::provider::scripted::ScriptedProvider::new(),
-        ));
+/// Where model calls go when a model name is given: the options `eval` and `project run`
+/// share.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelApiArgs {
+    /// Base URL of the OpenAI-compatible API.
+    #[arg(long, default_value = "https://api.openai.com/v1")]
+    pub base_url: String,
+    /// Environment variable holding the API key (read on the host; never sent to a sandbox).
+    #[arg(long, default_value = "OPENAI_API_KEY")]
+    pub api_key_env: String,
+}
+
+impl ModelApiArgs {
+    /// A model provider: `scripted` (each task's model_script), or `model` on the API.
+    pub fn provider(
+        &self,
+        model: &str,
+        timeout: std::time::Duration,
+    ) -> anyhow::Result<std::sync::Arc<dyn wmo_e2b::provider::Provider>> {
+        use wmo_e2b::provider::openai::{OpenAiConfig, OpenAiProvider};
+        if model == "scripted" {
+            return Ok(std::sync::Arc::new(
+                wmo_e2b::provider::scripted::ScriptedProvider::new(),
+            ));
+        }
+        let config = OpenAiConfig {
+            base_url: self.base_url.clone(),
+            model: model.to_string(),
+            api_key_env: self.api_key_env.clone(),
+            timeout,
+            ..OpenAiConfig::default()
+        };
+        Ok(std::sync::Arc::new(
+            OpenAiProvider::new(config).map_err(|e| UsageError(e.to_string()))?,
+        ))
     }
-    let config = OpenAiConfig {
-        base_url: base_url.to_string(),
-        model: model.to_string(),
-        api_key_env: api_key_env.to_string(),
-        timeout,
-        ..OpenAiConfig::default()
-    };
-    Ok(std::sync::Arc::new(
-        OpenAiProvider::new(config).map_err(|e| UsageError(e.to_string()))?,
-    ))
 }
 
 /// An error whose exit code is usage (2): bad options or input files.

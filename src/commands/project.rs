@@ -1,7 +1,7 @@
 //! `wmo-e2b project ...`: persistent project sandboxes.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,9 +14,13 @@ use wmo_e2b::sandbox::ledger::Ledger;
 use wmo_e2b::sandbox::Backend;
 use wmo_e2b::tree::TreeBounds;
 
-use super::{open_backend_with, BackendKind, Exit, LocalArgs, UsageError};
+use super::{open_backend_with, BackendKind, Exit, LocalArgs, ModelApiArgs, UsageError};
+use wmo_e2b::provider::scripted::FixedScript;
+use wmo_e2b::provider::Provider;
 use wmo_e2b::sandbox::e2b::E2bOptions;
 use wmo_e2b::sandbox::local::LocalOptions;
+use wmo_e2b::state::state_dir;
+use wmo_e2b::task::ScriptStep;
 
 #[derive(Debug, Subcommand)]
 pub enum ProjectCommand {
@@ -88,39 +92,7 @@ pub enum ProjectCommand {
         backend: Option<BackendKind>,
     },
     /// Run one agent turn in the project (tools answered on the host; network locked).
-    Run {
-        name: String,
-        #[arg(long)]
-        instruction: String,
-        /// `scripted` answers with --script FILE's steps; anything else is a model name on
-        /// an OpenAI-compatible API.
-        #[arg(long, default_value = "scripted")]
-        model: String,
-        /// For `--model scripted`: a JSON array of model_script steps.
-        #[arg(long, value_name = "FILE")]
-        script: Option<PathBuf>,
-        #[arg(long, default_value = "https://api.openai.com/v1")]
-        base_url: String,
-        #[arg(long, default_value = "OPENAI_API_KEY")]
-        api_key_env: String,
-        /// Offer the agent a bash tool (its writes bypass the mirror, so a lost sandbox
-        /// fails the turn instead of replaying it).
-        #[arg(long)]
-        allow_bash: bool,
-        /// Project paths the agent may write (repeatable); without it every path is writable.
-        #[arg(long, value_name = "PATH")]
-        writable: Vec<String>,
-        #[arg(long, default_value = "6h", value_parser = super::bounds::duration)]
-        timeout: Duration,
-        /// Where to append the turn's events (JSON Lines).
-        #[arg(long, value_name = "FILE")]
-        events: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-        /// Default: the backend the project was created on.
-        #[arg(long, value_enum)]
-        backend: Option<BackendKind>,
-    },
+    Run(Box<RunArgs>),
     /// Harvest a project directory as a bounded source tree.
     Snapshot {
         name: String,
@@ -143,7 +115,7 @@ pub enum ProjectCommand {
 }
 
 fn leased(kind: BackendKind, name: &str, local: &LocalArgs) -> Result<Arc<dyn Backend>> {
-    let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &format!("project:{name}"))
+    let ledger = Ledger::open(&state_dir(), &format!("project:{name}"))
         .context("cannot open the lease ledger")?;
     let local = LocalOptions {
         isolation: local.isolation.into(),
@@ -159,7 +131,7 @@ fn leased(kind: BackendKind, name: &str, local: &LocalArgs) -> Result<Arc<dyn Ba
 /// The backend a project command works on: the one given, else the project's own.
 fn backend_of(name: &str, given: Option<BackendKind>) -> BackendKind {
     given.unwrap_or_else(|| {
-        let recorded = project::list(&wmo_e2b::state::state_dir())
+        let recorded = project::list(&state_dir())
             .into_iter()
             .find(|p| p.name == name)
             .map(|p| p.backend);
@@ -172,12 +144,8 @@ fn backend_of(name: &str, given: Option<BackendKind>) -> BackendKind {
 
 fn open(kind: Option<BackendKind>, name: &str, local: &LocalArgs) -> Result<Project> {
     let kind = backend_of(name, kind);
-    let mut p = Project::open(
-        &wmo_e2b::state::state_dir(),
-        name,
-        leased(kind, name, local)?,
-    )
-    .map_err(user_facing)?;
+    let mut p =
+        Project::open(&state_dir(), name, leased(kind, name, local)?).map_err(user_facing)?;
     for n in p.take_notices() {
         match n {
             Notice::Replaced { old, new, files } => eprintln!(
@@ -213,95 +181,33 @@ pub struct ProjectArgs {
 }
 
 pub fn run(args: ProjectArgs) -> Result<Exit> {
-    let state = wmo_e2b::state::state_dir();
-    let local = args.local;
+    let local = &args.local;
     match args.command {
         ProjectCommand::Create {
             name,
             backend,
             template,
             timeout,
-        } => {
-            let p = Project::create(
-                &state,
-                &name,
-                leased(backend, &name, &local)?,
-                template,
-                timeout,
-            )
-            .map_err(user_facing)?;
-            println!("created project {name} (sandbox {})", p.state().sandbox_id);
-        }
-        ProjectCommand::List { json } => {
-            let all = project::list(&state);
-            if json {
-                println!("{}", serde_json::to_string(&all)?);
-            } else if all.is_empty() {
-                println!("no projects");
-            } else {
-                println!(
-                    "{:<24}  {:<7}  {:<24}  replaced",
-                    "project", "backend", "sandbox"
-                );
-                for p in all {
-                    println!(
-                        "{:<24}  {:<7}  {:<24}  {}",
-                        p.name, p.backend, p.sandbox_id, p.replacements
-                    );
-                }
-            }
-        }
-        ProjectCommand::Close { name, backend } => {
-            let p = open(backend, &name, &local)?;
-            let id = p.state().sandbox_id.clone();
-            p.close().map_err(user_facing)?;
-            println!("closed project {name} (sandbox {id} killed)");
-        }
+        } => create(&name, backend, template, timeout, local),
+        ProjectCommand::List { json } => list(json),
+        ProjectCommand::Close { name, backend } => close(&name, backend, local),
         ProjectCommand::Put {
             name,
             path,
             from,
             backend,
-        } => {
-            let content = if from == "-" {
-                let mut buf = Vec::new();
-                std::io::stdin()
-                    .read_to_end(&mut buf)
-                    .context("cannot read stdin")?;
-                buf
-            } else {
-                std::fs::read(&from).with_context(|| format!("cannot read {from}"))?
-            };
-            let mut p = open(backend, &name, &local)?;
-            let rel = p.put(&path, &content).map_err(user_facing)?;
-            eprintln!("wrote {} bytes to {rel}", content.len());
-        }
+        } => put(&name, &path, &from, backend, local),
         ProjectCommand::Get {
             name,
             path,
             backend,
-        } => {
-            let mut p = open(backend, &name, &local)?;
-            let bytes = p.get(&path).map_err(user_facing)?;
-            std::io::stdout().write_all(&bytes)?;
-        }
+        } => get(&name, &path, backend, local),
         ProjectCommand::Exec {
             name,
             timeout,
             backend,
             command,
-        } => {
-            let p = open(backend, &name, &local)?;
-            let out = p.exec(&command.join(" "), timeout).map_err(user_facing)?;
-            print!("{}", out.output);
-            if out.timed_out {
-                eprintln!("[timed out after {}s]", timeout.as_secs());
-            }
-            // The command's own exit code is ours (a signal reads as 128 + 9, as in a shell).
-            let code = out.exit_code.unwrap_or(137);
-            std::io::stdout().flush()?;
-            std::process::exit(code);
-        }
+        } => exec(&name, &command, timeout, backend, local),
         ProjectCommand::Stage {
             name,
             from,
@@ -310,91 +216,10 @@ pub fn run(args: ProjectArgs) -> Result<Exit> {
             max_bytes,
             backend,
         } => {
-            let mut p = open(backend, &name, &local)?;
-            let bounds = TreeBounds {
-                max_files,
-                max_bytes,
-                ..TreeBounds::default()
-            };
-            let n = p.stage(&from, &to, bounds).map_err(user_facing)?;
-            println!("staged {n} file(s) under {to}");
+            let bounds = tree_bounds(max_files, max_bytes);
+            stage(&name, &from, &to, bounds, backend, local)
         }
-        ProjectCommand::Run {
-            name,
-            instruction,
-            model,
-            script,
-            base_url,
-            api_key_env,
-            allow_bash,
-            writable,
-            timeout,
-            events,
-            json,
-            backend,
-        } => {
-            let provider: Arc<dyn wmo_e2b::provider::Provider> = match (&script, model.as_str()) {
-                (Some(path), "scripted") => {
-                    let text = std::fs::read_to_string(path)
-                        .with_context(|| format!("cannot read {}", path.display()))?;
-                    let steps: Vec<wmo_e2b::task::ScriptStep> = serde_json::from_str(&text)
-                        .map_err(|e| UsageError(format!("{}: {e}", path.display())))?;
-                    Arc::new(wmo_e2b::provider::scripted::FixedScript(steps))
-                }
-                _ => {
-                    super::make_provider(&model, &base_url, &api_key_env, Duration::from_secs(120))?
-                }
-            };
-            let writable = if writable.is_empty() {
-                None
-            } else {
-                Some(
-                    writable
-                        .iter()
-                        .map(|p| project::project_path(p))
-                        .collect::<Result<_, _>>()
-                        .map_err(user_facing)?,
-                )
-            };
-            let mut p = open(backend, &name, &local)?;
-            let events_path = events.unwrap_or_else(|| {
-                project::projects_dir(&state).join(&name).join(format!(
-                    "events-{}.jsonl",
-                    wmo_e2b::sandbox::ledger::unix_now()
-                ))
-            });
-            let mut log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&events_path)
-                .with_context(|| format!("cannot open {}", events_path.display()))?;
-            let opts = TurnOptions {
-                instruction,
-                allow_bash,
-                writable,
-                timeout,
-                ..TurnOptions::default()
-            };
-            let cancel = wmo_e2b::cancel::CancelToken::new();
-            let result = session::run_turn(&mut p, provider.as_ref(), &opts, &cancel, &mut log);
-            for n in p.take_notices() {
-                let Notice::Replaced { old, new, files } = n;
-                eprintln!("note: the turn moved from sandbox {old} to {new} ({files} mirrored file(s) replayed)");
-            }
-            let r = result.context("the project turn failed")?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"result": r, "events": events_path})
-                );
-            } else {
-                match &r.answer {
-                    Some(a) => println!("{a}"),
-                    None => eprintln!("the agent ended without submitting ({})", r.reason),
-                }
-                eprintln!("events: {}", events_path.display());
-            }
-        }
+        ProjectCommand::Run(run) => run_turn(*run, local),
         ProjectCommand::Snapshot {
             name,
             dir,
@@ -404,41 +229,278 @@ pub fn run(args: ProjectArgs) -> Result<Exit> {
             max_bytes,
             backend,
         } => {
-            let p = open(backend, &name, &local)?;
-            let bounds = TreeBounds {
-                max_files,
-                max_bytes,
-                ..TreeBounds::default()
-            };
-            let snap = p.snapshot(&dir, bounds).map_err(user_facing)?;
-            if json {
-                let files: Vec<serde_json::Value> = snap
-                    .files
-                    .iter()
-                    .map(|(path, content)| serde_json::json!({"path": path, "content": content}))
-                    .collect();
-                println!(
-                    "{}",
-                    serde_json::json!({"files": files, "tree_hash": snap.tree_hash(),
-                                       "total_bytes": snap.total_bytes()})
-                );
-            } else {
-                if let Some(out) = &out {
-                    snap.write_to(out).with_context(|| {
-                        format!("cannot write the snapshot to {}", out.display())
-                    })?;
-                }
-                for path in snap.files.keys() {
-                    println!("{path}");
-                }
-                eprintln!(
-                    "{} file(s), {} bytes, tree hash {}",
-                    snap.files.len(),
-                    snap.total_bytes(),
-                    snap.tree_hash()
-                );
-            }
+            let bounds = tree_bounds(max_files, max_bytes);
+            snapshot(&name, &dir, out.as_deref(), json, bounds, backend, local)
         }
     }
+}
+
+fn tree_bounds(max_files: usize, max_bytes: u64) -> TreeBounds {
+    TreeBounds {
+        max_files,
+        max_bytes,
+        ..TreeBounds::default()
+    }
+}
+
+fn create(
+    name: &str,
+    backend: BackendKind,
+    template: Option<String>,
+    timeout: Duration,
+    local: &LocalArgs,
+) -> Result<Exit> {
+    let p = Project::create(
+        &state_dir(),
+        name,
+        leased(backend, name, local)?,
+        template,
+        timeout,
+    )
+    .map_err(user_facing)?;
+    println!("created project {name} (sandbox {})", p.state().sandbox_id);
+    Ok(Exit::Success)
+}
+
+fn list(json: bool) -> Result<Exit> {
+    let all = project::list(&state_dir());
+    if json {
+        println!("{}", serde_json::to_string(&all)?);
+    } else if all.is_empty() {
+        println!("no projects");
+    } else {
+        println!(
+            "{:<24}  {:<7}  {:<24}  replaced",
+            "project", "backend", "sandbox"
+        );
+        for p in all {
+            println!(
+                "{:<24}  {:<7}  {:<24}  {}",
+                p.name, p.backend, p.sandbox_id, p.replacements
+            );
+        }
+    }
+    Ok(Exit::Success)
+}
+
+fn close(name: &str, backend: Option<BackendKind>, local: &LocalArgs) -> Result<Exit> {
+    let p = open(backend, name, local)?;
+    let id = p.state().sandbox_id.clone();
+    p.close().map_err(user_facing)?;
+    println!("closed project {name} (sandbox {id} killed)");
+    Ok(Exit::Success)
+}
+
+fn put(
+    name: &str,
+    path: &str,
+    from: &str,
+    backend: Option<BackendKind>,
+    local: &LocalArgs,
+) -> Result<Exit> {
+    let content = if from == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .context("cannot read stdin")?;
+        buf
+    } else {
+        std::fs::read(from).with_context(|| format!("cannot read {from}"))?
+    };
+    let mut p = open(backend, name, local)?;
+    let rel = p.put(path, &content).map_err(user_facing)?;
+    eprintln!("wrote {} bytes to {rel}", content.len());
+    Ok(Exit::Success)
+}
+
+fn get(name: &str, path: &str, backend: Option<BackendKind>, local: &LocalArgs) -> Result<Exit> {
+    let mut p = open(backend, name, local)?;
+    let bytes = p.get(path).map_err(user_facing)?;
+    std::io::stdout().write_all(&bytes)?;
+    Ok(Exit::Success)
+}
+
+fn exec(
+    name: &str,
+    command: &[String],
+    timeout: Duration,
+    backend: Option<BackendKind>,
+    local: &LocalArgs,
+) -> Result<Exit> {
+    let p = open(backend, name, local)?;
+    let out = p.exec(&command.join(" "), timeout).map_err(user_facing)?;
+    print!("{}", out.output);
+    if out.timed_out {
+        eprintln!("[timed out after {}s]", timeout.as_secs());
+    }
+    // The command's own exit code is ours (a signal reads as 128 + 9, as in a shell).
+    let code = out.exit_code.unwrap_or(137);
+    std::io::stdout().flush()?;
+    std::process::exit(code);
+}
+
+fn stage(
+    name: &str,
+    from: &Path,
+    to: &str,
+    bounds: TreeBounds,
+    backend: Option<BackendKind>,
+    local: &LocalArgs,
+) -> Result<Exit> {
+    let mut p = open(backend, name, local)?;
+    let n = p.stage(from, to, bounds).map_err(user_facing)?;
+    println!("staged {n} file(s) under {to}");
+    Ok(Exit::Success)
+}
+
+/// `project run`: one agent turn.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    name: String,
+    #[arg(long)]
+    instruction: String,
+    /// A model name on an OpenAI-compatible API. A turn needs this or --script.
+    #[arg(long)]
+    model: Option<String>,
+    /// A JSON array of model_script steps answering the turn instead of a model.
+    #[arg(long, value_name = "FILE")]
+    script: Option<PathBuf>,
+    #[command(flatten)]
+    api: ModelApiArgs,
+    /// Offer the agent a bash tool (its writes bypass the mirror, so a lost sandbox
+    /// fails the turn instead of replaying it).
+    #[arg(long)]
+    allow_bash: bool,
+    /// Project paths the agent may write (repeatable); without it every path is writable.
+    #[arg(long, value_name = "PATH")]
+    writable: Vec<String>,
+    #[arg(long, default_value = "6h", value_parser = super::bounds::duration)]
+    timeout: Duration,
+    /// Where to append the turn's events (JSON Lines).
+    #[arg(long, value_name = "FILE")]
+    events: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+    /// Default: the backend the project was created on.
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
+}
+
+/// Who answers the turn's model calls: a script file, or a model on the API.
+fn turn_provider(args: &RunArgs) -> Result<Arc<dyn Provider>> {
+    match (&args.script, args.model.as_deref()) {
+        (Some(path), None | Some("scripted")) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let steps: Vec<ScriptStep> = serde_json::from_str(&text)
+                .map_err(|e| UsageError(format!("{}: {e}", path.display())))?;
+            Ok(Arc::new(FixedScript(steps)))
+        }
+        (Some(_), Some(model)) => Err(UsageError(format!(
+            "--script answers the turn itself; drop it to use --model {model}"
+        ))
+        .into()),
+        (None, Some("scripted") | None) => Err(UsageError(
+            "project run needs --model NAME (a model on an OpenAI-compatible API) or --script FILE (scripted steps)".into(),
+        )
+        .into()),
+        (None, Some(model)) => args.api.provider(model, Duration::from_secs(120)),
+    }
+}
+
+fn run_turn(args: RunArgs, local: &LocalArgs) -> Result<Exit> {
+    let provider = turn_provider(&args)?;
+    let writable = if args.writable.is_empty() {
+        None
+    } else {
+        Some(
+            args.writable
+                .iter()
+                .map(|p| project::project_path(p))
+                .collect::<Result<_, _>>()
+                .map_err(user_facing)?,
+        )
+    };
+    let name = &args.name;
+    let mut p = open(args.backend, name, local)?;
+    let events_path = args.events.clone().unwrap_or_else(|| {
+        project::projects_dir(&state_dir()).join(name).join(format!(
+            "events-{}.jsonl",
+            wmo_e2b::sandbox::ledger::unix_now()
+        ))
+    });
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&events_path)
+        .with_context(|| format!("cannot open {}", events_path.display()))?;
+    let opts = TurnOptions {
+        instruction: args.instruction,
+        allow_bash: args.allow_bash,
+        writable,
+        timeout: args.timeout,
+        ..TurnOptions::default()
+    };
+    let cancel = wmo_e2b::cancel::CancelToken::new();
+    let result = session::run_turn(&mut p, provider.as_ref(), &opts, &cancel, &mut log);
+    for n in p.take_notices() {
+        let Notice::Replaced { old, new, files } = n;
+        eprintln!(
+            "note: the turn moved from sandbox {old} to {new} ({files} mirrored file(s) replayed)"
+        );
+    }
+    let r = result.context("the project turn failed")?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"result": r, "events": events_path})
+        );
+    } else {
+        match &r.answer {
+            Some(a) => println!("{a}"),
+            None => eprintln!("the agent ended without submitting ({})", r.reason),
+        }
+        eprintln!("events: {}", events_path.display());
+    }
+    Ok(Exit::Success)
+}
+
+fn snapshot(
+    name: &str,
+    dir: &str,
+    out: Option<&Path>,
+    json: bool,
+    bounds: TreeBounds,
+    backend: Option<BackendKind>,
+    local: &LocalArgs,
+) -> Result<Exit> {
+    let p = open(backend, name, local)?;
+    let snap = p.snapshot(dir, bounds).map_err(user_facing)?;
+    if json {
+        let files: Vec<serde_json::Value> = snap
+            .files
+            .iter()
+            .map(|(path, content)| serde_json::json!({"path": path, "content": content}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"files": files, "tree_hash": snap.tree_hash(),
+                               "total_bytes": snap.total_bytes()})
+        );
+        return Ok(Exit::Success);
+    }
+    if let Some(out) = out {
+        snap.write_to(out)
+            .with_context(|| format!("cannot write the snapshot to {}", out.display()))?;
+    }
+    for path in snap.files.keys() {
+        println!("{path}");
+    }
+    eprintln!(
+        "{} file(s), {} bytes, tree hash {}",
+        snap.files.len(),
+        snap.total_bytes(),
+        snap.tree_hash()
+    );
     Ok(Exit::Success)
 }

@@ -5,13 +5,14 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::outcome::{Attempt, Progress};
 use super::results::{SandboxRecord, Status, TaskRecord, VerifyRecord};
 use super::verdict::{error_record, outcome_record};
 use super::workspace::{error_text, prepare_workspace, SandboxFailure};
 use super::{EvalEvent, EvalRun};
 use crate::environment::{self, Environment, SandboxEnvironment, WorldModelEnvironment};
 use crate::episode::{
-    self, Counters, Episode, EpisodeConfig, EpisodeOutcome, Opening, StopReason, Transcript,
+    self, Episode, EpisodeConfig, EpisodeOutcome, Opening, StopReason, Transcript,
 };
 use crate::errors::error_chain;
 use crate::pool::{PoolError, Warm};
@@ -20,23 +21,6 @@ use crate::task::Task;
 
 /// Bytes of verify output kept in a result.
 const VERIFY_TAIL: usize = 2048;
-
-/// What one attempt produced.
-pub(super) enum Attempt {
-    /// The task reached an end worth recording (any status).
-    Done(Box<TaskRecord>),
-    /// A transport failure a fresh sandbox may not have.
-    Transport { reason: String, partial: Progress },
-}
-
-/// What a task's attempts have done so far, carried from one to the next.
-#[derive(Default, Clone)]
-pub(super) struct Progress {
-    pub counters: Counters,
-    /// Seconds spent getting a sandbox, and in episodes.
-    pub acquire: f64,
-    pub episode: f64,
-}
 
 /// Runs `task` to its record.
 pub(super) fn run_task(run: &EvalRun<'_>, task: &Task, transcripts: &Path) -> TaskRecord {

@@ -8,6 +8,7 @@
 
 mod attempt;
 mod control;
+mod outcome;
 pub mod plan;
 pub mod results;
 pub mod run_lock;

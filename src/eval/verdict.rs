@@ -1,6 +1,6 @@
 //! What an attempt comes to: its status and its record.
 
-use super::attempt::Progress;
+use super::outcome::Progress;
 use super::results::{Retries, SandboxRecord, Status, TaskRecord, Timings, VerifyRecord};
 use crate::episode::{EpisodeOutcome, StopReason};
 use crate::task::Task;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::attempt::{Attempt, Progress};
+use super::outcome::{Attempt, Progress};
 use super::results::Status;
 use super::verdict::error_record;
 use crate::errors::error_chain;

@@ -15,10 +15,8 @@ mod sandbox;
 
 use std::path::{Path, PathBuf};
 
-pub use install::{
-    ensure_installed, ensure_installed_with, find_installed, install_dir, InstallOpts, PiError,
-    DEFAULT_INSTALL_TIMEOUT,
-};
+pub use install::{ensure_installed, ensure_installed_with, find_installed, install_dir};
+pub use npm::{InstallOpts, PiError, DEFAULT_INSTALL_TIMEOUT};
 pub use sandbox::{install_in_sandbox, SANDBOX_INSTALL_TIMEOUT};
 
 /// The exact version of both pi packages.

@@ -9,82 +9,13 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use super::npm::install_into;
+use super::npm::{install_into, io_err, marker_text, InstallOpts, PiError, MARKER};
 use super::{specs, PiInstall, PI_VERSION};
-
-/// How long one `npm install` may take before it is killed.
-pub const DEFAULT_INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// The marker file in an install directory: the specs it holds, one a line. Written last.
-pub(super) const MARKER: &str = ".wmo-installed";
-
-/// How to run npm.
-#[derive(Debug, Clone)]
-pub struct InstallOpts {
-    /// The npm program (a name looked up on `PATH`, or a path).
-    pub npm: PathBuf,
-    pub timeout: Duration,
-}
-
-impl Default for InstallOpts {
-    fn default() -> Self {
-        InstallOpts {
-            npm: PathBuf::from("npm"),
-            timeout: DEFAULT_INSTALL_TIMEOUT,
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PiError {
-    #[error("npm is not installed (no {npm:?} on PATH): the pi harness needs npm on the host to install {specs} once")]
-    NpmMissing { npm: PathBuf, specs: String },
-    #[error("`npm install {specs}` failed ({status}) in {dir}; npm stderr (tail):\n{stderr_tail}")]
-    Install {
-        specs: String,
-        dir: PathBuf,
-        status: String,
-        stderr_tail: String,
-    },
-    #[error("`npm install {specs}` did not finish within {timeout:?} in {dir} and was killed; npm stderr (tail):\n{stderr_tail}")]
-    Timeout {
-        specs: String,
-        dir: PathBuf,
-        timeout: Duration,
-        stderr_tail: String,
-    },
-    #[error("`npm install {specs}` succeeded but left no usable {package} in {dir}: {why}")]
-    Incomplete {
-        specs: String,
-        package: String,
-        dir: PathBuf,
-        why: String,
-    },
-    #[error("pi install cache: could not {what} {path}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-}
-
-pub(super) fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> PiError {
-    let path = path.to_path_buf();
-    move |source| PiError::Io { what, path, source }
-}
 
 /// Where [`ensure_installed`] puts pi: `<state_dir>/npm/pi-<version>`.
 pub fn install_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("npm").join(format!("pi-{PI_VERSION}"))
-}
-
-pub(super) fn marker_text() -> String {
-    let mut s = specs().join("\n");
-    s.push('\n');
-    s
 }
 
 /// The install in `dir` if its marker lists exactly the pinned specs.
@@ -249,6 +180,7 @@ impl Flock {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+    use std::time::Duration;
 
     /// A fake npm: a shell script that records each run and creates the packages.
     fn fake_npm(dir: &Path, body: &str) -> PathBuf {

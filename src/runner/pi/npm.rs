@@ -1,16 +1,84 @@
 //! One `npm install` of the pinned pi packages into a fresh directory: run with a timeout
 //! (npm and everything it started are killed at it), npm's stderr kept for the error, and
-//! what it installed checked before the marker is written.
+//! what it installed checked before the marker is written. Its options and errors are the
+//! install cache's too.
 
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::install::{io_err, marker_text, InstallOpts, PiError, MARKER};
 use super::{specs, PI_PACKAGES, PI_VERSION};
+
+/// How long one `npm install` may take before it is killed.
+pub const DEFAULT_INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The marker file in an install directory: the specs it holds, one a line. Written last.
+pub(super) const MARKER: &str = ".wmo-installed";
+
+/// How to run npm.
+#[derive(Debug, Clone)]
+pub struct InstallOpts {
+    /// The npm program (a name looked up on `PATH`, or a path).
+    pub npm: PathBuf,
+    pub timeout: Duration,
+}
+
+impl Default for InstallOpts {
+    fn default() -> Self {
+        InstallOpts {
+            npm: PathBuf::from("npm"),
+            timeout: DEFAULT_INSTALL_TIMEOUT,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PiError {
+    #[error("npm is not installed (no {npm:?} on PATH): the pi harness needs npm on the host to install {specs} once")]
+    NpmMissing { npm: PathBuf, specs: String },
+    #[error("`npm install {specs}` failed ({status}) in {dir}; npm stderr (tail):\n{stderr_tail}")]
+    Install {
+        specs: String,
+        dir: PathBuf,
+        status: String,
+        stderr_tail: String,
+    },
+    #[error("`npm install {specs}` did not finish within {timeout:?} in {dir} and was killed; npm stderr (tail):\n{stderr_tail}")]
+    Timeout {
+        specs: String,
+        dir: PathBuf,
+        timeout: Duration,
+        stderr_tail: String,
+    },
+    #[error("`npm install {specs}` succeeded but left no usable {package} in {dir}: {why}")]
+    Incomplete {
+        specs: String,
+        package: String,
+        dir: PathBuf,
+        why: String,
+    },
+    #[error("pi install cache: could not {what} {path}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+pub(super) fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> PiError {
+    let path = path.to_path_buf();
+    move |source| PiError::Io { what, path, source }
+}
+
+pub(super) fn marker_text() -> String {
+    let mut s = specs().join("\n");
+    s.push('\n');
+    s
+}
 
 /// Bytes of npm's stderr quoted in an error.
 const STDERR_TAIL: usize = 4096;

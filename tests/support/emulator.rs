@@ -1,10 +1,5 @@
-//! Shared helpers for the emulator tests (included by `emulator_api.rs` and
-//! `emulator_envd.rs` with `#[path]`): an in-process emulator on 127.0.0.1:0 with a temp state
-//! dir, and a small HTTP client for the control plane, envd unary calls and Connect streams.
-//!
-//! Built as its own (empty) test crate too, where nothing here is used, and each including
-//! crate uses a different subset: so dead code is allowed here, not expected.
-#![allow(dead_code)]
+//! An in-process emulator on 127.0.0.1:0 with a temp state dir, and a small HTTP client for
+//! its control plane, envd unary calls and Connect streams.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -318,31 +313,4 @@ pub fn end_event(frames: &[Frame]) -> Option<Value> {
     frames
         .iter()
         .find_map(|f| f.msg["event"].get("end").cloned())
-}
-
-/// Whether a process (group leader) is still alive, zombies excluded.
-pub fn pid_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next());
-            !matches!(state, Some('Z') | Some('X') | None)
-        }
-        Err(_) => false,
-    }
-}
-
-/// Polls `cond` every 20 ms for up to `within`.
-pub fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let until = std::time::Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if std::time::Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

@@ -1,0 +1,461 @@
+//! The local backend against the real OS: kills and sweeps (from this process or another),
+//! listing, and what a sandbox's processes can and cannot hold or outlive.
+//!
+//! Every test owns a fresh state directory. Waits are bounded polls for a condition.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use wmo_e2b::sandbox::local::LocalBackend;
+use wmo_e2b::sandbox::{
+    Backend, CreateSpec, ErrorClass, Killed, Metadata, Role, RunOpts, SandboxError, SpawnOpts,
+};
+
+mod support;
+
+use support::local::*;
+use support::{eventually, pid_alive};
+
+#[test]
+fn open_sweeps_what_another_process_left_expired() {
+    let state = tempfile::tempdir().unwrap();
+    let id = "lsb-00112233445566ff";
+    let dir = state.path().join("sandboxes").join(id);
+    std::fs::create_dir_all(dir.join("root")).unwrap();
+    std::fs::create_dir_all(dir.join("procs")).unwrap();
+    let meta = serde_json::json!({
+        "id": id, "created": now_secs() - 100, "deadline": now_secs() - 10,
+        "metadata": {}, "template": null, "internet": true, "owner_pid": 1,
+    });
+    std::fs::write(dir.join("meta.json"), meta.to_string()).unwrap();
+    // A process "another wmo-e2b" started: its own group, recorded with its start time.
+    let mut child = Command::new("sleep")
+        .arg("100")
+        .process_group(0)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    std::fs::write(
+        dir.join("procs").join(pid.to_string()),
+        format!("{}\nsleep 100", start_time(pid)),
+    )
+    .unwrap();
+
+    let b = LocalBackend::open(state.path()).unwrap();
+    assert!(!dir.exists());
+    let mut status = None;
+    assert!(eventually(WAIT, || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    }));
+    assert_eq!(status.and_then(|s| s.code()), None, "killed by a signal");
+    assert!(matches!(b.connect(id), Err(SandboxError::Gone { .. })));
+    assert_eq!(b.kill(id).unwrap(), Killed::AlreadyGone);
+}
+
+#[test]
+fn open_leaves_a_process_whose_pid_was_reused_alone() {
+    let state = tempfile::tempdir().unwrap();
+    let id = "lsb-00112233445566ee";
+    let dir = state.path().join("sandboxes").join(id);
+    std::fs::create_dir_all(dir.join("procs")).unwrap();
+    let meta = serde_json::json!({
+        "id": id, "created": 1, "deadline": 2,
+        "metadata": {}, "template": null, "internet": true, "owner_pid": 1,
+    });
+    std::fs::write(dir.join("meta.json"), meta.to_string()).unwrap();
+    let mut child = Command::new("sleep")
+        .arg("100")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Same pid, another start time: the record names a process that no longer exists.
+    std::fs::write(
+        dir.join("procs").join(pid.to_string()),
+        format!("{}\nsleep 100", start_time(pid) + 1),
+    )
+    .unwrap();
+    let _b = LocalBackend::open(state.path()).unwrap();
+    assert!(!dir.exists());
+    assert!(child.try_wait().unwrap().is_none(), "a stranger was killed");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn list_filters_by_metadata_and_skips_corrupt_meta() {
+    let (state, b) = backend();
+    let md = |v: &str| -> Metadata { BTreeMap::from([("team".to_string(), v.to_string())]) };
+    let a = b
+        .create(&CreateSpec {
+            metadata: md("a"),
+            template: Some("base".into()),
+            ..spec()
+        })
+        .unwrap();
+    let other = b
+        .create(&CreateSpec {
+            metadata: md("b"),
+            ..spec()
+        })
+        .unwrap();
+    // A torn meta.json, as a crash or a person might leave it.
+    let torn = state.path().join("sandboxes/lsb-0123456789abcdef");
+    std::fs::create_dir_all(&torn).unwrap();
+    std::fs::write(torn.join("meta.json"), b"{\"id\": \"lsb-01").unwrap();
+
+    let only_a = b.list(&md("a")).unwrap();
+    assert_eq!(only_a.len(), 1);
+    assert_eq!(only_a[0].id, a.id());
+    assert_eq!(only_a[0].template.as_deref(), Some("base"));
+    assert_eq!(only_a[0].metadata, md("a"));
+    let all: Vec<String> = b
+        .list(&Metadata::new())
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(all.contains(&other.id().to_string()));
+}
+
+#[test]
+fn killed_sandbox_is_gone_everywhere() {
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let id = sb.id().to_string();
+    let home = sb.home().to_string();
+    assert_eq!(b.kill(&id).unwrap(), Killed::Now);
+    assert_eq!(b.kill(&id).unwrap(), Killed::AlreadyGone);
+    assert!(!Path::new(&home).exists());
+
+    let gone = |r: Result<(), SandboxError>| {
+        let e = r.unwrap_err();
+        assert!(matches!(e, SandboxError::Gone { .. }), "{e:?}");
+        assert_eq!(e.class(), ErrorClass::Gone);
+    };
+    gone(sb.run("true", &RunOpts::default()).map(drop));
+    gone(sb.spawn("true", &SpawnOpts::default()).map(drop));
+    gone(sb.processes().map(drop));
+    gone(sb.read_file(&format!("{home}/x")).map(drop));
+    gone(sb.write_file(&format!("{home}/x"), b"x"));
+    gone(sb.set_timeout(10));
+    gone(sb.set_internet(true));
+    gone(b.connect(&id).map(drop));
+    assert!(b.list(&Metadata::new()).unwrap().is_empty());
+    assert!(!Path::new(&home).exists(), "a call recreated the sandbox");
+
+    let bad = b.kill("../../etc").unwrap_err();
+    assert_eq!(bad.class(), ErrorClass::BadRequest);
+}
+
+#[test]
+fn a_handle_drop_does_not_kill_the_sandbox() {
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let id = sb.id().to_string();
+    let p = sb.spawn("sleep 30", &SpawnOpts::default()).unwrap();
+    drop(sb);
+    let again = b.connect(&id).unwrap();
+    assert!(again.processes().unwrap().iter().any(|i| i.pid == p.pid));
+    assert!(pid_alive(p.pid));
+    b.kill(&id).unwrap();
+    assert!(!pid_alive(p.pid));
+}
+
+#[test]
+fn another_backend_kills_processes_this_one_started() {
+    let (state, b) = backend();
+    let sb = create(&b);
+    let p = sb.spawn("sleep 30", &SpawnOpts::default()).unwrap();
+    let other = LocalBackend::open(state.path()).unwrap();
+    let seen = other.connect(sb.id()).unwrap();
+    assert!(seen.processes().unwrap().iter().any(|i| i.pid == p.pid));
+    assert_eq!(other.kill(sb.id()).unwrap(), Killed::Now);
+    assert!(!pid_alive(p.pid));
+    assert_eq!(collect(&p.events, WAIT).exit, Some(None));
+    assert!(matches!(sh_err(&*sb), SandboxError::Gone { .. }));
+}
+
+#[test]
+fn locked_network_shows_only_loopback() {
+    let (state, b) = backend();
+    let sb = create(&b);
+    sb.set_internet(false).unwrap();
+    assert_eq!(meta_json(&state, sb.id())["internet"], false);
+    // /proc/net follows the reader's network namespace (/sys/class/net follows the mount's).
+    let out = sh(&*sb, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '");
+    assert_eq!(out.exit_code, Some(0), "{}", out.stderr.to_text());
+    assert_eq!(out.stdout.to_text(), "lo\n");
+    let p = sb
+        .spawn("cat /proc/net/dev", &SpawnOpts::default())
+        .unwrap();
+    let c = collect(&p.events, WAIT);
+    assert_eq!(c.exit, Some(Some(0)), "{}", text(&c.stderr));
+    let ifaces: Vec<String> = text(&c.stdout)
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next().map(|s| s.trim().to_string()))
+        .collect();
+    assert_eq!(ifaces, ["lo"]);
+
+    let locked_at_create = b
+        .create(&CreateSpec {
+            internet: false,
+            ..spec()
+        })
+        .unwrap();
+    let out = sh(
+        &*locked_at_create,
+        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '",
+    );
+    assert_eq!(out.stdout.to_text(), "lo\n");
+}
+
+#[test]
+fn no_process_survives_kill() {
+    let (_d, b) = backend();
+    let sb = create(&b);
+    // Detached three ways: left behind, in its own session, and double-forked.
+    let p = sb
+        .spawn(
+            "sleep 100.103 & setsid sleep 100.104 & (sleep 100.105 &); echo started",
+            &SpawnOpts::default(),
+        )
+        .unwrap();
+    let c = collect(&p.events, WAIT);
+    assert_eq!(c.exit, Some(Some(0)));
+    let markers = ["sleep 100.103", "sleep 100.104", "sleep 100.105"];
+    assert!(
+        eventually(WAIT, || markers.iter().all(|m| !running(m).is_empty())),
+        "the background children should outlive their parent"
+    );
+    assert_eq!(b.kill(sb.id()).unwrap(), Killed::Now);
+    // kill confirms every process is gone before it returns.
+    for m in markers {
+        assert!(running(m).is_empty(), "{m} survived the kill");
+    }
+}
+
+#[test]
+fn concurrent_stdin_writers_do_not_block_each_other() {
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let opts = SpawnOpts {
+        stdin: true,
+        ..SpawnOpts::default()
+    };
+    // A process that never reads its stdin, and one that does.
+    let stuck = sb.spawn("sleep 30", &opts).unwrap();
+    let reader = sb.spawn("wc -c", &opts).unwrap();
+    let sb2 = Arc::clone(&sb);
+    let stuck_pid = stuck.pid;
+    // Fills the stuck process's pipe and blocks (bounded by the stdin write timeout).
+    let blocked = std::thread::spawn(move || sb2.send_stdin(stuck_pid, &vec![b'x'; 1 << 20]));
+    let big = vec![b'y'; 4 << 20];
+    sb.send_stdin(reader.pid, &big).unwrap();
+    sb.close_stdin(reader.pid).unwrap();
+    let c = collect(&reader.events, WAIT);
+    assert_eq!(c.exit, Some(Some(0)));
+    assert_eq!(text(&c.stdout).trim(), (4 << 20).to_string());
+    // Killing the stuck process ends the blocked write with a transport error.
+    sb.kill_process(stuck_pid).unwrap();
+    let r = blocked.join().unwrap();
+    assert!(r.is_err_and(|e| e.is_transport()));
+}
+
+/// Variables the caller sets reach the command but none of the stages that start it with
+/// privileges (a loader variable there would run sandbox-written code as root).
+#[test]
+fn caller_variables_reach_only_the_command() {
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let out = sb
+        .run(
+            "echo \"$FROM_CALLER\"",
+            &RunOpts {
+                envs: vec![
+                    ("FROM_CALLER".into(), "yes".into()),
+                    ("LD_PRELOAD".into(), "/nonexistent/preload.so".into()),
+                ],
+                ..RunOpts::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(out.exit_code, Some(0), "{}", out.stderr.to_text());
+    assert_eq!(out.stdout.to_text(), "yes\n");
+    // The loader complains once per program it starts with the variable: only bash.
+    let stderr = out.stderr.to_text();
+    assert_eq!(stderr.matches("preload.so").count(), 1, "{stderr}");
+}
+
+/// Makes this test process the reaper of every orphan below it, and one that never reaps:
+/// like a container whose PID 1 is not an init. (nextest runs each test in a process of its
+/// own.)
+fn orphans_are_never_reaped_here() {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// A command that entered a namespace from outside is reaped by its launcher there; were the
+/// launcher killed first, the command would be left to a reaper that may never come, and the
+/// namespace could not be proven dead.
+#[test]
+fn a_sandbox_dies_where_nobody_reaps_orphans() {
+    orphans_are_never_reaped_here();
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let _task = sb.spawn("sleep 100.201", &SpawnOpts::default()).unwrap();
+    let _system = sb
+        .spawn(
+            "sleep 100.202",
+            &SpawnOpts {
+                role: Role::System,
+                ..SpawnOpts::default()
+            },
+        )
+        .unwrap();
+    let markers = ["sleep 100.201", "sleep 100.202"];
+    assert!(eventually(WAIT, || markers
+        .iter()
+        .all(|m| !running(m).is_empty())));
+    assert_eq!(b.kill(sb.id()).unwrap(), Killed::Now);
+    for m in markers {
+        assert!(running(m).is_empty(), "{m} survived the kill");
+    }
+}
+
+#[test]
+fn a_reset_ends_running_task_commands_where_nobody_reaps_orphans() {
+    orphans_are_never_reaped_here();
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let system = SpawnOpts {
+        role: Role::System,
+        ..SpawnOpts::default()
+    };
+    let _runner = sb.spawn("sleep 100.211", &system).unwrap();
+    sb.seal().unwrap();
+    let _task = sb.spawn("sleep 100.212", &SpawnOpts::default()).unwrap();
+    assert!(eventually(WAIT, || !running("sleep 100.212").is_empty()));
+    sb.reset().unwrap();
+    assert!(
+        running("sleep 100.212").is_empty(),
+        "the task command survived"
+    );
+    assert!(
+        !running("sleep 100.211").is_empty(),
+        "the reset ended a system process"
+    );
+    assert_eq!(sh(&*sb, "echo ok").stdout.to_text(), "ok\n");
+}
+
+/// Whatever path a command takes in (entering its holder's namespaces, or a bwrap of its own
+/// when the network is locked), it runs as the sandbox user with no capability it could use
+/// or regain, and holds no fd but its stdio: not even one this process inherited from its own
+/// parent without close-on-exec.
+#[test]
+fn a_command_holds_no_privilege_and_no_fd_of_ours() {
+    let (_d, b) = backend();
+    let inherited = std::fs::File::open("/dev/null").unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&inherited);
+    // SAFETY: clears close-on-exec on an fd this test owns.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, 0);
+    // No pipeline while the shell's fds are listed: it holds a pipe's ends for a moment.
+    let report = "id -u; id -g; id -G; ls /proc/$$/fd > /tmp/fds; tr '\\n' ' ' < /tmp/fds; \
+                  echo; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/$$/status";
+    for internet in [true, false] {
+        let sb = b.create(&CreateSpec { internet, ..spec() }).unwrap();
+        for role in [Role::Task, Role::System] {
+            let out = sb
+                .run(
+                    report,
+                    &RunOpts {
+                        role,
+                        ..RunOpts::default()
+                    },
+                )
+                .unwrap();
+            let text = out.stdout.to_text();
+            let lines: Vec<&str> = text.lines().collect();
+            let what = format!(
+                "internet {internet}, {role:?}: {text}{}",
+                out.stderr.to_text()
+            );
+            assert_eq!(
+                lines.get(..3),
+                Some(&["1000", "1000", "1000"][..]),
+                "{what}"
+            );
+            assert_eq!(lines.get(3).map(|l| l.trim()), Some("0 1 2"), "{what}");
+            for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+                assert!(
+                    lines.contains(&format!("{cap}:\t0000000000000000").as_str()),
+                    "{cap} not empty ({what})"
+                );
+            }
+            assert!(lines.contains(&"NoNewPrivs:\t1"), "{what}");
+        }
+    }
+    drop(inherited);
+}
+
+/// A process whose low fds are taken still starts sandboxes: the namespace fds a nested
+/// holder's bwrap is handed by number land where its launcher's own fds (its stdio, the
+/// watcher's fd 9) cannot overwrite them.
+#[test]
+fn sandboxes_start_whatever_fds_this_process_holds() {
+    // Take every free fd below 8, so the next ones opened are 8, 9, 10...
+    let mut held = Vec::new();
+    loop {
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        held.push(f);
+        if fd >= 7 {
+            break;
+        }
+    }
+    let (_d, b) = backend();
+    for _ in 0..3 {
+        let sb = create(&b);
+        assert_eq!(sh(&*sb, "echo ok").stdout.to_text(), "ok\n");
+        sb.seal().unwrap();
+        sb.reset().unwrap();
+        assert_eq!(sh(&*sb, "echo again").stdout.to_text(), "again\n");
+        assert_eq!(b.kill(sb.id()).unwrap(), Killed::Now);
+    }
+    drop(held);
+}
+
+/// Killing one command (a tool call past its deadline) leaves nothing for a reaper that never
+/// comes: the next reset still proves the sandbox clean.
+#[test]
+fn a_killed_command_leaves_the_sandbox_resettable_where_nobody_reaps_orphans() {
+    orphans_are_never_reaped_here();
+    let (_d, b) = backend();
+    let sb = create(&b);
+    sb.seal().unwrap();
+    let p = sb.spawn("sleep 100.221", &SpawnOpts::default()).unwrap();
+    assert!(eventually(WAIT, || !running("sleep 100.221").is_empty()));
+    sb.kill_process(p.pid).unwrap();
+    assert_eq!(collect(&p.events, WAIT).exit, Some(None));
+    let out = sb
+        .run(
+            "sleep 100.222",
+            &RunOpts {
+                timeout: Duration::from_millis(300),
+                ..RunOpts::default()
+            },
+        )
+        .unwrap();
+    assert!(out.timed_out);
+    sb.reset().unwrap();
+    assert_eq!(sh(&*sb, "echo ok").stdout.to_text(), "ok\n");
+}
