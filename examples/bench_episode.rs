@@ -38,7 +38,8 @@ use wmo_e2b::task::Task;
 
 mod bench_common;
 use bench_common::{
-    arg, median, ms, proc_cpu_s, proc_status_kb, scrubbed, self_cpu_s, spec, InstantEnv,
+    arg, descendant_named, median, ms, proc_cpu_s, proc_status_kb, scrubbed, self_cpu_s, spec,
+    InstantEnv,
 };
 
 fn backend(dir: &Path) -> Arc<LocalBackend> {
@@ -510,12 +511,13 @@ fn soak(state: &Path, episodes: usize, harness: &str, files_json: &str, transcri
     for i in 0..warmup {
         warmup_ms.push(ms(run_one(i).wall));
     }
-    // The runner's pid: the pool's only sandbox, its only process.
+    // The runner's node: the pool's only sandbox, its only process (launched, so node is
+    // the launcher's child).
     let runner_pid = {
         let w = pool.acquire().expect("acquire");
         let pid = w.channel.pid();
         pool.release(w, true).expect("release");
-        pid
+        descendant_named(pid, "node").expect("the runner's node process")
     };
     assert_eq!(pool.usage().count, 1, "one sandbox for the whole soak");
     let every = (episodes / 10).max(1);

@@ -42,7 +42,8 @@ use wmo_e2b::task::Task;
 
 mod bench_common;
 use bench_common::{
-    arg, median, ms, proc_cpu_s, proc_status_kb, scrubbed, self_cpu_s, spec, InstantEnv,
+    arg, descendant_named, median, ms, proc_cpu_s, proc_status_kb, scrubbed, self_cpu_s, spec,
+    InstantEnv,
 };
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -462,7 +463,8 @@ fn episodes(state: &Path, n: usize, env_kind: &str, transcript: &str) -> Value {
                 .run("mkdir -p workspace", &RunOpts::default())
                 .expect("mkdir");
             assert_eq!(out.exit_code, Some(0));
-            let runner_pid = w.channel.pid();
+            let runner_pid =
+                descendant_named(w.channel.pid(), "node").expect("the runner's node process");
             pool.release(w, true).expect("release");
             Side {
                 name,
@@ -582,7 +584,7 @@ fn soak(
         let w = side.pool.acquire().expect("acquire");
         let pid = w.channel.pid();
         side.pool.release(w, true).expect("release");
-        pid
+        descendant_named(pid, "node").expect("the runner's node process")
     };
     let every = (episodes / samples.max(1)).max(1);
     let (mut rss, mut walls, mut cpus) = (Vec::new(), Vec::new(), Vec::new());

@@ -295,13 +295,35 @@ fn caller_variables_reach_only_the_command() {
     assert_eq!(stderr.matches("preload.so").count(), 1, "{stderr}");
 }
 
-/// Makes this test process the reaper of every orphan below it, and one that never reaps:
-/// like a container whose PID 1 is not an init. (nextest runs each test in a process of its
-/// own.)
-fn orphans_are_never_reaped_here() {
-    // SAFETY: prctl with integer arguments only.
-    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+/// Makes the process the named test runs in the reaper of every orphan below it, and one
+/// that never reaps: like a container whose PID 1 is not an init. A subreaper is
+/// process-wide and a test harness may run tests as threads of one process (`cargo test`
+/// does), where it would keep other tests' namespaces from ending: so the test runs again in
+/// a process of its own, and `false` tells the caller it has nothing left to do here.
+fn alone_where_orphans_are_never_reaped(test: &str) -> bool {
+    const ALONE: &str = "WMO_E2B_TEST_ALONE";
+    if std::env::var_os(ALONE).is_some() {
+        // SAFETY: prctl with integer arguments only.
+        let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        return true;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--test-threads", "1", "--nocapture"])
+        .env(ALONE, "1")
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{test} in a process of its own: {said}"
+    );
+    assert!(said.contains("1 passed"), "{test} did not run: {said}");
+    false
 }
 
 /// A command that entered a namespace from outside is reaped by its launcher there; were the
@@ -309,7 +331,9 @@ fn orphans_are_never_reaped_here() {
 /// namespace could not be proven dead.
 #[test]
 fn a_sandbox_dies_where_nobody_reaps_orphans() {
-    orphans_are_never_reaped_here();
+    if !alone_where_orphans_are_never_reaped("a_sandbox_dies_where_nobody_reaps_orphans") {
+        return;
+    }
     let (_d, b) = backend();
     let sb = create(&b);
     let _task = sb.spawn("sleep 100.201", &SpawnOpts::default()).unwrap();
@@ -334,7 +358,11 @@ fn a_sandbox_dies_where_nobody_reaps_orphans() {
 
 #[test]
 fn a_reset_ends_running_task_commands_where_nobody_reaps_orphans() {
-    orphans_are_never_reaped_here();
+    if !alone_where_orphans_are_never_reaped(
+        "a_reset_ends_running_task_commands_where_nobody_reaps_orphans",
+    ) {
+        return;
+    }
     let (_d, b) = backend();
     let sb = create(&b);
     let system = SpawnOpts {
@@ -438,7 +466,11 @@ fn sandboxes_start_whatever_fds_this_process_holds() {
 /// comes: the next reset still proves the sandbox clean.
 #[test]
 fn a_killed_command_leaves_the_sandbox_resettable_where_nobody_reaps_orphans() {
-    orphans_are_never_reaped_here();
+    if !alone_where_orphans_are_never_reaped(
+        "a_killed_command_leaves_the_sandbox_resettable_where_nobody_reaps_orphans",
+    ) {
+        return;
+    }
     let (_d, b) = backend();
     let sb = create(&b);
     sb.seal().unwrap();

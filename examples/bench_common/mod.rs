@@ -113,3 +113,33 @@ pub fn spec() -> CreateSpec {
 pub fn ms(v: f64) -> f64 {
     (v * 1e6).round() / 1e3
 }
+
+/// The first process below `pid` (itself included) whose command name is `name`: a sandbox
+/// process's pid is its launcher's, and what it launched (the runner's node) is a child.
+pub fn descendant_named(pid: u32, name: &str) -> Option<u32> {
+    let stat = |p: u32| -> Option<(String, u32)> {
+        let s = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        let (head, rest) = s.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1.to_string();
+        let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
+        Some((comm, ppid))
+    };
+    let all: Vec<(u32, String, u32)> = std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| stat(p).map(|(comm, ppid)| (p, comm, ppid)))
+        .collect();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        if all.iter().any(|(q, comm, _)| *q == p && comm == name) {
+            return Some(p);
+        }
+        todo.extend(
+            all.iter()
+                .filter(|(_, _, ppid)| *ppid == p)
+                .map(|(q, _, _)| *q),
+        );
+    }
+    None
+}

@@ -130,8 +130,9 @@ log "cycle: $CYCLE_REPS pools x (1 cold + 10 warm)"
 
 # --- (e) host CPU per episode, runner RSS over many episodes ----------------------------
 log "soak: $SOAK episodes per config"
-"$EX/bench_episode" soak --episodes "$SOAK" --harness builtin "${FILES_ARG[@]}" --transcript file >> "$OUT/soak_ours.jsonl"
-"$EX/bench_episode" soak --episodes "$SOAK" --harness builtin "${FILES_ARG[@]}" --transcript none >> "$OUT/soak_ours.jsonl"
+# (The runner refuses harness files its harness would not run, so files travel with the user
+# harness only.)
+"$EX/bench_episode" soak --episodes "$SOAK" --harness files "${FILES_ARG[@]}" --transcript none >> "$OUT/soak_ours.jsonl"
 "$EX/bench_episode" soak --episodes "$SOAK" --harness files "${FILES_ARG[@]}" --transcript file >> "$OUT/soak_ours.jsonl"
 "$EX/bench_episode" soak --episodes "$SOAK" --harness none --transcript none >> "$OUT/soak_ours.jsonl"
 # The user-harness path over longer: does the runner's RSS settle?

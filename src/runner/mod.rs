@@ -2,6 +2,7 @@
 //! sandbox and waits for its `hello`.
 
 pub mod assets;
+mod bundle;
 pub mod pi;
 
 pub use assets::upload_runner_files;

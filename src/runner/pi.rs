@@ -212,7 +212,8 @@ mod tests {
         let dir = crate::runner::runner_dir(sandbox.as_ref());
         for file in &crate::runner::assets::RUNNER_FILES {
             let uploaded = sandbox.read_file(&format!("{dir}/{}", file.name)).unwrap();
-            assert_eq!(uploaded, file.text.as_bytes(), "{}", file.name);
+            let sent = crate::runner::assets::uploaded_text(file);
+            assert_eq!(uploaded, sent.as_bytes(), "{}", file.name);
         }
         let _ = backend.kill(sandbox.id());
     }
