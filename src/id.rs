@@ -2,6 +2,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::digest::hex;
+
 /// `bytes` random bytes from the OS, as lowercase hex. Fails only when the OS has no
 /// randomness to give.
 pub fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
@@ -26,10 +28,6 @@ pub fn unique_hex(bytes: usize) -> String {
 /// A fresh episode id: 32 hex characters.
 pub fn new_episode_id() -> String {
     unique_hex(16)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod cancel;
 pub mod channel;
 pub mod civil;
+pub mod digest;
 pub mod emulator;
 pub mod environment;
 pub mod episode;

@@ -15,6 +15,7 @@ Exit codes:
   3    infrastructure failure: a backend that cannot start, a model API that refuses the key
        or does not know the model, results that cannot be written, sandboxes whose kill
        could not be proven
+  4    eval stopped at a spend cap (--max-cost, --max-tokens, --max-sandbox-seconds)
   130  interrupted (Ctrl-C)
 (`project exec` exits with the command's own code.)";
 

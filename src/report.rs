@@ -232,6 +232,12 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
         summary.tally.errors,
         summary.tally.cancelled
     ));
+    if summary.tally.over_budget > 0 {
+        out.push_str(&format!(
+            ", {} skipped at a spend cap",
+            summary.tally.over_budget
+        ));
+    }
     if summary.not_run > 0 {
         out.push_str(&format!(", {} not run", summary.not_run));
     }
@@ -252,6 +258,16 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
         summary.transport_retries,
         summary.provider_retries,
     ));
+    if let Some(cost) = summary.spend.cost_usd {
+        out.push_str(&format!("cost: ${cost:.4}\n"));
+    }
+    if let Some(cap) = summary.stopped_by {
+        out.push_str(&format!(
+            "stopped at {}: {}; --resume with a higher cap runs the rest\n",
+            cap.flag(),
+            summary.caps.describe(cap, summary.spend)
+        ));
+    }
     if let Some(e) = &summary.cleanup_error {
         out.push_str(&format!("cleanup: {e}\n"));
     }

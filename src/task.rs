@@ -61,6 +61,9 @@ pub struct Task {
     /// What a scripted world model answers to each tool call (`--env world-model`).
     #[serde(default)]
     pub world_script: Option<Vec<ScriptStep>>,
+    /// Its 1-based line in the tasks file (provenance), set by the parser.
+    #[serde(skip)]
+    pub line: usize,
 }
 
 /// Bad lines named one by one; any more are only counted.
@@ -140,7 +143,10 @@ pub fn parse_tasks(path: &Path, text: &str) -> Result<Vec<Task>, TaskError> {
             validate(&task).map(|()| task)
         });
         match checked {
-            Ok(task) => tasks.push(task),
+            Ok(task) => tasks.push(Task {
+                line: line_no,
+                ..task
+            }),
             Err(_) if bad.len() >= MAX_BAD_LINES => more += 1,
             Err(message) => bad.push(BadLine {
                 line: line_no,

@@ -134,6 +134,15 @@ fn the_example_tasks_pass_on_the_e2b_backend() {
     let rs = env.results();
     assert_eq!(rs.len(), 5);
     assert!(rs.iter().all(|r| r["status"] == "passed"), "{rs:?}");
+    for r in &rs {
+        let p = &r["provenance"];
+        assert_eq!(
+            (&p["backend"], &p["template"]),
+            (&"e2b".into(), &"base".into()),
+            "{r}"
+        );
+        assert!(p["tasks_file"]["line"].as_u64().unwrap() >= 1, "{r}");
+    }
     assert!(emu.live().is_empty(), "{:?}", emu.live());
 }
 

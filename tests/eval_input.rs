@@ -91,7 +91,15 @@ fn help_lists_the_exit_codes() {
     let o = env.run(&["--help"]);
     assert_eq!(o.status.code(), Some(0));
     let help = String::from_utf8_lossy(&o.stdout);
-    for line in ["Exit codes:", "  0 ", "  1 ", "  2 ", "  3 ", "  130 "] {
+    for line in [
+        "Exit codes:",
+        "  0 ",
+        "  1 ",
+        "  2 ",
+        "  3 ",
+        "  4 ",
+        "  130 ",
+    ] {
         assert!(help.contains(line), "no {line:?} in:\n{help}");
     }
 }

@@ -39,6 +39,22 @@ fn duration_in(s: &str, min: Duration) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The most a cap or price may say: beyond it a number is a typo, not a budget.
+const MAX_AMOUNT: f64 = 1e12;
+
+/// A cap or a price (`--max-cost`, `--price-in`, ...): a finite number from 0.
+pub fn amount(s: &str) -> Result<f64, String> {
+    let range = format!("expected a number from 0 to {MAX_AMOUNT:e}");
+    let value: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number; {range}"))?;
+    if !(0.0..=MAX_AMOUNT).contains(&value) {
+        return Err(format!("{s:?} is out of range; {range}"));
+    }
+    Ok(value)
+}
+
 /// `--create-rate`: creates per second, a finite number from 0.01 to 1000.
 pub fn create_rate(s: &str) -> Result<f64, String> {
     let range = format!("expected creates per second from {MIN_CREATE_RATE} to {MAX_CREATE_RATE}");

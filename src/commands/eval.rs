@@ -7,8 +7,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use wmo_e2b::eval::plan::{self, EvalOptions, PlanError};
-use wmo_e2b::eval::{self, EvalLimits, EvalRun, Harness, RunControl, Verdict};
+use wmo_e2b::eval::provenance::{self, Provenance, TasksFile};
+use wmo_e2b::eval::spend::{self, Caps, PriceError, PriceOptions};
+use wmo_e2b::eval::{self, EvalLimits, EvalRun, Harness, RunControl, SpendPlan, Verdict};
 use wmo_e2b::pool::Pool;
+use wmo_e2b::provider::metered::Metered;
 use wmo_e2b::provider::Provider;
 use wmo_e2b::report::{self, ReportMode};
 use wmo_e2b::runner::BootstrapOpts;
@@ -104,6 +107,11 @@ pub struct EvalArgs {
     #[arg(long)]
     no_reuse: bool,
     #[command(flatten)]
+    caps: CapArgs,
+    /// With --resume: add to results made with another harness, runner or model.
+    #[arg(long, requires = "resume")]
+    allow_mixed: bool,
+    #[command(flatten)]
     local: LocalArgs,
 }
 
@@ -136,10 +144,18 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             plan.out_dir.join("results.jsonl").display()
         );
     }
-    let provider = make_provider(&args, &args.model)?;
+    let spend = spend_plan(&args)?;
+    // Every model call goes through the run's meter, so caps see running tasks' tokens.
+    let metered = |p: Arc<dyn Provider>| -> Arc<dyn Provider> {
+        Arc::new(Metered {
+            inner: p,
+            meter: spend.meter.clone(),
+        })
+    };
+    let provider = metered(make_provider(&args, &args.model)?);
     let world_model = match args.environment {
         EnvKind::Sandbox => None,
-        EnvKind::WorldModel => Some(make_provider(&args, &args.world_model)?),
+        EnvKind::WorldModel => Some(metered(make_provider(&args, &args.world_model)?)),
     };
 
     // Local sandboxes share one install on the host; remote ones get pi inside themselves
@@ -148,6 +164,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     let pi_on_host = pi && args.backend == BackendKind::Local;
     let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &plan.run_id())
         .context("cannot open the lease ledger")?;
+    let mut pi_lock = None;
     let (inner, pi_modules): (Arc<dyn Backend>, Option<PathBuf>) = match args.backend {
         BackendKind::Local => {
             let mut local = LocalOptions {
@@ -158,6 +175,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
                 let install = wmo_e2b::runner::pi::ensure_installed(&wmo_e2b::state::state_dir())
                     .context("cannot install the pi agent packages")?;
                 local.system_read_only.push(install.local_mount());
+                pi_lock = install.lockfile();
                 Some(install)
             } else {
                 None
@@ -171,6 +189,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             None,
         ),
     };
+    let provenance = run_provenance(&args, &plan, pi_lock.as_deref())?;
     // Every sandbox of the run is leased before it is created.
     let backend: Arc<dyn Backend> = Arc::new(LeasedBackend::new(inner, ledger, "eval"));
     let bootstrap = BootstrapOpts {
@@ -221,6 +240,8 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         harness: plan.harness.clone(),
         world_model,
         control,
+        spend,
+        provenance,
     });
     // The run closed its events; the reporter drains them (the summary last) and returns.
     let _ = reporter.join();
@@ -239,6 +260,132 @@ fn e2b_options(args: &EvalArgs) -> wmo_e2b::sandbox::e2b::E2bOptions {
     o
 }
 
+/// What produces this run's results; with `--resume`, refuses to add them to results made
+/// by another harness, runner or model unless `--allow-mixed`.
+fn run_provenance(
+    args: &EvalArgs,
+    plan: &plan::EvalPlan,
+    pi_lock: Option<&std::path::Path>,
+) -> Result<Provenance> {
+    let tasks = std::fs::read(&args.tasks)
+        .with_context(|| format!("cannot read {}", args.tasks.display()))?;
+    let (harness, harness_digest) = provenance::harness_of(&plan.harness, pi_lock);
+    let scripted = args.model == "scripted";
+    let p = Provenance {
+        wmo_e2b: env!("CARGO_PKG_VERSION").to_string(),
+        runner: wmo_e2b::runner::assets::runner_digest(),
+        harness,
+        harness_digest,
+        environment: match args.environment {
+            EnvKind::Sandbox => "sandbox",
+            EnvKind::WorldModel => "world-model",
+        }
+        .to_string(),
+        backend: match args.backend {
+            BackendKind::Local => "local",
+            BackendKind::E2b => "e2b",
+        }
+        .to_string(),
+        template: (args.backend == BackendKind::E2b).then(|| e2b_options(args).template),
+        model: args.model.clone(),
+        provider_host: (!scripted)
+            .then(|| provenance::url_host(&args.api.base_url))
+            .flatten(),
+        tasks_file: TasksFile {
+            sha256: wmo_e2b::digest::sha256(&tasks),
+            line: None,
+        },
+    };
+    // Only results that are kept can be mixed with: those `--resume` runs again are not.
+    if !args.allow_mixed {
+        let earlier = plan.resumed_provenance.as_ref();
+        if let Some((field, then, now)) = earlier.and_then(|e| p.mismatch(e)) {
+            return Err(UsageError(format!(
+                "--resume would mix results: those in {} were made with {field} {then}, this run's is {now}; use another --out, or --allow-mixed to mix them",
+                plan.out_dir.display()
+            ))
+            .into());
+        }
+    }
+    Ok(p)
+}
+
+/// Spend caps and the prices they are counted in.
+#[derive(Debug, clap::Args)]
+struct CapArgs {
+    /// Stop starting tasks before the run's cost could pass USD (needs prices).
+    #[arg(long, value_name = "USD", value_parser = super::bounds::amount)]
+    max_cost: Option<f64>,
+    /// Stop starting tasks before the run's model tokens (input + output) could pass N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_tokens: Option<u64>,
+    /// Stop starting tasks before the run's sandbox-seconds could pass S.
+    #[arg(long, value_name = "S", value_parser = super::bounds::amount)]
+    max_sandbox_seconds: Option<f64>,
+    /// At a cap, cancel the running tasks too instead of letting them finish.
+    #[arg(long)]
+    max_cost_hard: bool,
+    /// Price table (JSON, or TOML by its `.toml` name): per model, dollars per million
+    /// input, output and cached input tokens; and `sandbox_per_second`.
+    #[arg(long, value_name = "FILE")]
+    prices: Option<PathBuf>,
+    /// Dollars per million input tokens of --model (wins over --prices).
+    #[arg(long, value_name = "USD", value_parser = super::bounds::amount)]
+    price_in: Option<f64>,
+    /// Dollars per million output tokens of --model (wins over --prices).
+    #[arg(long, value_name = "USD", value_parser = super::bounds::amount)]
+    price_out: Option<f64>,
+    /// Dollars per sandbox-second (default: E2B's published rate for its default sandbox on
+    /// the e2b backend, 0 on the local one).
+    #[arg(long, value_name = "USD", value_parser = super::bounds::amount)]
+    sandbox_price: Option<f64>,
+}
+
+fn spend_plan(args: &EvalArgs) -> Result<SpendPlan> {
+    let c = &args.caps;
+    let default_sandbox = match args.backend {
+        BackendKind::E2b => spend::E2B_DEFAULT_SANDBOX_PER_SECOND,
+        BackendKind::Local => 0.0,
+    };
+    let prices = spend::resolve_prices(
+        &PriceOptions {
+            file: c.prices.clone(),
+            input: c.price_in,
+            output: c.price_out,
+            sandbox_per_second: c.sandbox_price,
+        },
+        &args.model,
+        default_sandbox,
+    )
+    .map_err(|e| match e {
+        PriceError::Read { .. } => anyhow::Error::new(e),
+        e => UsageError(e.to_string()).into(),
+    })?;
+    let caps = Caps {
+        cost_usd: c.max_cost,
+        tokens: c.max_tokens,
+        sandbox_seconds: c.max_sandbox_seconds,
+        hard: c.max_cost_hard,
+    };
+    if caps.cost_usd.is_some() && prices.is_none() {
+        return Err(UsageError(
+            "--max-cost needs prices: give --prices FILE, or --price-in and --price-out (dollars per million tokens)".into(),
+        )
+        .into());
+    }
+    if caps.hard && !caps.any() {
+        return Err(UsageError(
+            "--max-cost-hard needs a cap: --max-cost, --max-tokens or --max-sandbox-seconds".into(),
+        )
+        .into());
+    }
+    Ok(SpendPlan {
+        caps,
+        prices,
+        meter: Arc::default(),
+    })
+}
+
 fn make_provider(args: &EvalArgs, model: &str) -> Result<Arc<dyn Provider>> {
     args.api.provider(model, args.request_timeout)
 }
@@ -248,6 +395,7 @@ fn exit_for(verdict: Verdict) -> Exit {
     match verdict {
         Verdict::Passed => Exit::Success,
         Verdict::TasksFailed => Exit::TasksFailed,
+        Verdict::BudgetStopped => Exit::BudgetStopped,
         Verdict::Infrastructure => Exit::Infrastructure,
         Verdict::Interrupted => Exit::Interrupted,
     }

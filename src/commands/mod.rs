@@ -14,6 +14,8 @@ pub enum Exit {
     TasksFailed = 1,
     Usage = 2,
     Infrastructure = 3,
+    /// A spend cap kept tasks from starting (`--resume` with a higher cap runs them).
+    BudgetStopped = 4,
     Interrupted = 130,
 }
 

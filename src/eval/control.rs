@@ -49,6 +49,12 @@ impl RunControl {
         self.interrupted.load(Ordering::SeqCst)
     }
 
+    /// A hard spend cap was reached: running episodes are cancelled (their tasks end
+    /// `cancelled`), and no task starts.
+    pub fn cancel_running(&self) {
+        self.cancel.cancel();
+    }
+
     /// Stops the run for a reason that would fail every task the same way (the first reason
     /// given is the one kept).
     pub fn stop(&self, why: String) {

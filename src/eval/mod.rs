@@ -7,16 +7,20 @@
 //! happened into the record. Workers never print: they send [`EvalEvent`]s to one reporter.
 
 mod attempt;
+mod budget;
 mod control;
 mod outcome;
 pub mod plan;
+pub mod provenance;
 pub mod results;
 pub mod run_lock;
+pub mod spend;
 mod summary;
 mod verdict;
 mod workspace;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,6 +33,7 @@ use crate::pool::Pool;
 use crate::provider::Provider;
 use crate::sync::{into_inner, lock};
 use crate::task::Task;
+pub use budget::SpendPlan;
 pub use control::RunControl;
 pub use results::{ResultsWriter, Status, TaskRecord};
 pub use summary::{EvalSummary, Tally, Verdict};
@@ -135,6 +140,10 @@ pub struct EvalRun<'a> {
     /// (and the task's files, setup and verify are not used).
     pub world_model: Option<Arc<dyn Provider>>,
     pub control: Arc<RunControl>,
+    /// Caps and prices; the providers above are metered with its meter.
+    pub spend: SpendPlan,
+    /// What produces this run's results (each record adds its task's line).
+    pub provenance: provenance::Provenance,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -195,34 +204,52 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     let summary = Mutex::new(EvalSummary {
         total: run.tasks.len(),
         skipped: run.skipped,
+        caps: run.spend.caps,
+        provenance: Some(run.provenance.clone()),
         ..EvalSummary::default()
     });
-    workers.install(|| {
-        use rayon::prelude::*;
-        // One task per rayon job, so a slow task never holds back a queue of others.
-        run.tasks.par_iter().with_max_len(1).for_each(|task| {
-            if control.is_cancelled() {
-                lock(&summary).not_run += 1;
-                return;
-            }
-            control.emit(EvalEvent::TaskStarted {
-                id: task.id.clone(),
-            });
-            let record = attempt::run_task(run, task, &transcripts);
-            // The record is on disk before anyone hears of it.
-            if let Err(e) = writer.append(&record) {
-                let message = error_chain(&e);
-                // Results that cannot be kept make the run pointless: stop, and say why.
-                control.stop(message.clone());
-                control.emit(EvalEvent::ResultsFailed { message });
-            }
-            lock(&summary).add(&record);
-            control.emit(EvalEvent::TaskFinished {
-                record: Box::new(record),
+    let budget = budget::RunBudget::new(&run.spend, &run.pool);
+    let finish = |task: &Task, mut record: TaskRecord| {
+        budget.finished(&mut record);
+        record.provenance = Some(run.provenance.for_line(task.line));
+        // The record is on disk before anyone hears of it.
+        if let Err(e) = writer.append(&record) {
+            let message = error_chain(&e);
+            // Results that cannot be kept make the run pointless: stop, and say why.
+            control.stop(message.clone());
+            control.emit(EvalEvent::ResultsFailed { message });
+        }
+        lock(&summary).add(&record);
+        control.emit(EvalEvent::TaskFinished {
+            record: Box::new(record),
+        });
+    };
+    let all_done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| budget.watch_hard_cap(control, &all_done));
+        workers.install(|| {
+            use rayon::prelude::*;
+            // One task per rayon job, so a slow task never holds back a queue of others.
+            run.tasks.par_iter().with_max_len(1).for_each(|task| {
+                // A task a cap keeps from starting is written, so `--resume` finds it.
+                if let Some(why) = budget.refuse_next() {
+                    finish(task, verdict::skipped_record(task, why));
+                    return;
+                }
+                if control.is_cancelled() {
+                    lock(&summary).not_run += 1;
+                    return;
+                }
+                control.emit(EvalEvent::TaskStarted {
+                    id: task.id.clone(),
+                });
+                finish(task, attempt::run_task(run, task, &transcripts));
             });
         });
+        all_done.store(true, Ordering::Release);
     });
     let mut summary = into_inner(summary);
+    summary.stopped_by = budget.stopped_by();
     if let Err(e) = run.pool.close() {
         summary.cleanup_error = Some(error_chain(&e));
     }
@@ -231,6 +258,7 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
         control.fail(error_chain(&e));
     }
     summary.sandboxes = run.pool.usage();
+    summary.spend = budget.spent();
     summary.fatal = control.fatal();
     summary.interrupted = control.interrupted();
     summary.wall_seconds = started.elapsed().as_secs_f64();

@@ -36,6 +36,8 @@ pub struct EvalPlan {
     pub skipped: usize,
     /// Lines of the earlier results that were unreadable (their tasks run again).
     pub unreadable_results: usize,
+    /// What the results resumed were made with (the first kept record's `provenance`).
+    pub resumed_provenance: Option<serde_json::Value>,
     pub out_dir: PathBuf,
     pub harness: Harness,
     /// Held for the whole run: a second run into the same directory is refused.
@@ -89,11 +91,11 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
     })?;
     // Held to the end of the run, before anything reads or writes the directory.
     let lock = run_lock::lock_out_dir(&out_dir).map_err(PlanError::Locked)?;
-    let (done, unreadable_results) = if opts.resume {
+    let (done, unreadable_results, resumed_provenance) = if opts.resume {
         let finished = results::finished_ids(&out_dir.join("results.jsonl"))?;
-        (finished.ids, finished.unreadable)
+        (finished.ids, finished.unreadable, finished.provenance)
     } else {
-        (HashSet::new(), 0)
+        (HashSet::new(), 0, None)
     };
     let mut skipped = 0;
     let tasks = all
@@ -109,6 +111,7 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
         tasks,
         skipped,
         unreadable_results,
+        resumed_provenance,
         out_dir,
         harness,
         lock,

@@ -9,6 +9,8 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
+use super::provenance::Provenance;
+use super::spend::CostRecord;
 use crate::episode::{StopReason, TokenMeter};
 use crate::sync::lock;
 
@@ -19,6 +21,8 @@ pub enum Status {
     Failed,
     Error,
     Cancelled,
+    /// Never started: a spend cap was reached first (`--resume` with a higher cap runs it).
+    Skipped,
 }
 
 impl Status {
@@ -28,6 +32,7 @@ impl Status {
             Status::Failed => "failed",
             Status::Error => "error",
             Status::Cancelled => "cancelled",
+            Status::Skipped => "skipped",
         }
     }
 }
@@ -78,6 +83,12 @@ pub struct TaskRecord {
     pub attempts: u32,
     pub retries: Retries,
     pub error: Option<String>,
+    /// What the task cost, when prices are known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostRecord>,
+    /// What produced it (the run's, with the task's line in the tasks file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -177,6 +188,8 @@ pub struct Finished {
     /// Lines that are no record (torn by a crash mid-write, or not JSON): skipped, so
     /// their tasks run again.
     pub unreadable: usize,
+    /// The `provenance` of the first record kept (what the results resumed were made with).
+    pub provenance: Option<serde_json::Value>,
 }
 
 /// Longest results line read back; a longer one counts as unreadable rather than being
@@ -250,6 +263,9 @@ impl Finished {
         match record.as_ref().and_then(|r| Some((r["id"].as_str()?, r))) {
             Some((id, r)) if is_finished(r) => {
                 self.ids.insert(id.to_string());
+                if self.provenance.is_none() {
+                    self.provenance = r.get("provenance").cloned();
+                }
             }
             Some(_) => {}
             None => self.unreadable += 1,
@@ -257,12 +273,13 @@ impl Finished {
     }
 }
 
-/// Whether a recorded task needs no rerun: a cancelled task never finished, and one whose
-/// model API could not serve it (`error` with `provider_error`) was never judged.
+/// Whether a recorded task needs no rerun: a cancelled task never finished, a skipped one
+/// never started (a spend cap), and one whose model API could not serve it (`error` with
+/// `provider_error`) was never judged.
 fn is_finished(record: &serde_json::Value) -> bool {
     !matches!(
         (record["status"].as_str(), record["stop_reason"].as_str()),
-        (Some("cancelled"), _) | (Some("error"), Some("provider_error"))
+        (Some("cancelled" | "skipped"), _) | (Some("error"), Some("provider_error"))
     )
 }
 
@@ -277,6 +294,7 @@ mod tests {
         let mut bytes = Vec::new();
         bytes.extend_from_slice(b"{\"id\":\"a\",\"status\":\"passed\"}\n");
         bytes.extend_from_slice(b"{\"id\":\"b\",\"status\":\"cancelled\"}\n");
+        bytes.extend_from_slice(b"{\"id\":\"e\",\"status\":\"skipped\"}\n");
         bytes.extend_from_slice(b"not json\n\n");
         bytes.extend_from_slice(b"{\"id\":\"c\",\"status\":\"failed\"}\n");
         // Torn inside the two-byte "\u{e9}": a crash mid-write.

@@ -4,7 +4,9 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::provenance::Provenance;
 use super::results::{Status, TaskRecord};
+use super::spend::{Cap, Caps, Spend};
 use crate::episode::TokenMeter;
 use crate::pool::PoolUsage;
 
@@ -15,6 +17,8 @@ pub struct Tally {
     pub failed: usize,
     pub errors: usize,
     pub cancelled: usize,
+    /// Tasks a spend cap kept from starting (status `skipped`).
+    pub over_budget: usize,
 }
 
 impl Tally {
@@ -24,11 +28,12 @@ impl Tally {
             Status::Failed => self.failed += 1,
             Status::Error => self.errors += 1,
             Status::Cancelled => self.cancelled += 1,
+            Status::Skipped => self.over_budget += 1,
         }
     }
 
     pub fn done(&self) -> usize {
-        self.passed + self.failed + self.errors + self.cancelled
+        self.passed + self.failed + self.errors + self.cancelled + self.over_budget
     }
 }
 
@@ -54,6 +59,14 @@ pub struct EvalSummary {
     pub fatal: Option<String>,
     /// The user interrupted the run (Ctrl-C).
     pub interrupted: bool,
+    /// What the run spent, per dimension (`cost_usd` with prices only).
+    pub spend: Spend,
+    /// The caps it ran under.
+    pub caps: Caps,
+    /// The cap that kept tasks from starting (or, with `--max-cost-hard`, cancelled them).
+    pub stopped_by: Option<Cap>,
+    /// What produced the run's results.
+    pub provenance: Option<Provenance>,
 }
 
 impl EvalSummary {
@@ -70,6 +83,8 @@ impl EvalSummary {
             Verdict::Interrupted
         } else if self.cleanup_error.is_some() || self.fatal.is_some() {
             Verdict::Infrastructure
+        } else if self.stopped_by.is_some() {
+            Verdict::BudgetStopped
         } else if self.tally.failed + self.tally.errors + self.tally.cancelled > 0 {
             Verdict::TasksFailed
         } else {
@@ -91,6 +106,8 @@ pub enum Verdict {
     Passed,
     /// Some task failed, errored or was cancelled.
     TasksFailed,
+    /// A spend cap stopped the run before every task ran.
+    BudgetStopped,
     /// The run could not do its job: it stopped early, or left sandboxes it could not prove
     /// killed.
     Infrastructure,
@@ -108,6 +125,8 @@ mod tests {
         assert_eq!(s.verdict(), Verdict::Passed);
         s.tally.add(Status::Failed);
         assert_eq!(s.verdict(), Verdict::TasksFailed);
+        s.stopped_by = Some(Cap::Tokens);
+        assert_eq!(s.verdict(), Verdict::BudgetStopped);
         s.cleanup_error = Some("x".into());
         assert_eq!(s.verdict(), Verdict::Infrastructure);
         s.interrupted = true;

@@ -111,5 +111,22 @@ fn record(
             provider: p.counters.provider_retries,
         },
         error,
+        cost: None,
+        provenance: None,
     }
+}
+
+/// The record of a task a spend cap kept from starting: `why` says which and how far.
+pub(super) fn skipped_record(task: &Task, why: String) -> TaskRecord {
+    record(
+        task,
+        Status::Skipped,
+        StopReason::Budget,
+        String::new(),
+        None,
+        &Progress::default(),
+        0,
+        0.0,
+        Some(why),
+    )
 }

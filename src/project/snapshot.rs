@@ -92,7 +92,7 @@ impl Snapshot {
             h.update((content.len() as u64).to_be_bytes());
             h.update(content.as_bytes());
         }
-        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        crate::digest::hex(&h.finalize())
     }
 
     /// Writes the tree under `out`, atomically: a sibling temp dir renamed into place.

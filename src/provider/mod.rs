@@ -4,6 +4,7 @@
 //! chat-completion object plus the token usage it reports. Credentials live here and never
 //! cross into a sandbox.
 
+pub mod metered;
 pub mod openai;
 pub mod scripted;
 

@@ -165,6 +165,7 @@ mod tests {
             metadata: Default::default(),
             model_script: script,
             world_script: None,
+            line: 1,
         }
     }
 

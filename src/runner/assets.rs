@@ -60,6 +60,15 @@ pub fn upload_runner_files(sandbox: &dyn Sandbox, dir: &str) -> Result<()> {
     Ok(())
 }
 
+/// sha256 of the runner files as they go up (provenance).
+pub fn runner_digest() -> String {
+    crate::digest::sha256_parts(
+        RUNNER_FILES
+            .iter()
+            .map(|f| (f.name, uploaded_text(f).as_bytes())),
+    )
+}
+
 /// What goes up for `file`: a runner assembled, any other module as it is. A runner that
 /// cannot be assembled (a test catches it) still runs as it is, only slower to start.
 pub fn uploaded_text(file: &RunnerFile) -> &'static str {

@@ -54,6 +54,12 @@ pub struct PiInstall {
 }
 
 impl PiInstall {
+    /// npm's lockfile of this install, where there is one (provenance names pi by it).
+    pub fn lockfile(&self) -> Option<PathBuf> {
+        let lock = self.modules_dir.parent()?.join("package-lock.json");
+        lock.is_file().then_some(lock)
+    }
+
     /// How a local backend shows this install to confined runners: the host directory
     /// (holding `node_modules`), and the sandbox path it is mounted at, read-only.
     pub fn local_mount(&self) -> (PathBuf, String) {

@@ -1,0 +1,43 @@
+//! Content digests: lowercase hex, and `sha256:<hex>` names of contents.
+
+use sha2::{Digest, Sha256};
+
+/// `bytes` as lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(bytes)))
+}
+
+/// `sha256:<hex>` of named parts, each name and content length-prefixed so that no two
+/// different sets of parts hash alike.
+pub fn sha256_parts<'a>(parts: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> String {
+    let mut h = Sha256::new();
+    for (name, content) in parts {
+        h.update((name.len() as u64).to_be_bytes());
+        h.update(name.as_bytes());
+        h.update((content.len() as u64).to_be_bytes());
+        h.update(content);
+    }
+    format!("sha256:{}", hex(&h.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_digests_tell_a_moved_boundary_apart() {
+        let a = sha256_parts([("a", &b"bc"[..]), ("d", b"")]);
+        let b = sha256_parts([("a", &b"b"[..]), ("cd", b"")]);
+        assert_ne!(a, b);
+        assert_eq!(a.len(), "sha256:".len() + 64);
+        assert_eq!(
+            sha256(b""),
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! What produced a result, on every record and in `summary.json`: a score is comparable with
+//! another only if both say which build, runner, harness, environment, backend, model and
+//! tasks made them.
+
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::Harness;
+use crate::digest::{sha256, sha256_parts};
+
+/// The run's provenance; each record adds its task's line in the tasks file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Provenance {
+    /// This program's version.
+    pub wmo_e2b: String,
+    /// sha256 of the runner files sent into sandboxes, as sent.
+    pub runner: String,
+    /// `builtin`, `pi@<version>` or `user`.
+    pub harness: String,
+    /// sha256 of what the harness is: pi's lockfile (or its pinned specs where the host has
+    /// no install), a user harness's files; none for the builtin loop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub harness_digest: Option<String>,
+    /// `sandbox` or `world-model`.
+    pub environment: String,
+    /// `local` or `e2b`.
+    pub backend: String,
+    /// The sandbox template (e2b), when one applies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    pub model: String,
+    /// The host of the model API's base URL (never a key); none for the scripted model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_host: Option<String>,
+    pub tasks_file: TasksFile,
+}
+
+/// The tasks file: its digest, and (on a record) the task's line in it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TasksFile {
+    pub sha256: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<usize>,
+}
+
+/// The harness as provenance names it, and its digest. `pi_lock` is pi's lockfile where
+/// the host installed it (elsewhere the pinned specs stand for it).
+pub fn harness_of(harness: &Harness, pi_lock: Option<&Path>) -> (String, Option<String>) {
+    match harness {
+        Harness::Builtin => ("builtin".into(), None),
+        Harness::Pi => {
+            let lock = pi_lock.and_then(|p| std::fs::read(p).ok());
+            let digest = match lock {
+                Some(bytes) => sha256(&bytes),
+                None => sha256(crate::runner::pi::specs().join("\n").as_bytes()),
+            };
+            (
+                format!("pi@{}", crate::runner::pi::PI_VERSION),
+                Some(digest),
+            )
+        }
+        Harness::Files(files) => {
+            let digest = sha256_parts(
+                files
+                    .iter()
+                    .map(|(name, v)| (name.as_str(), v.as_str().unwrap_or("").as_bytes())),
+            );
+            ("user".into(), Some(digest))
+        }
+    }
+}
+
+/// The host of a base URL (`https://api.openai.com/v1` -> `api.openai.com`).
+pub fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next()?;
+    // Credentials in a URL are never recorded.
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    (!host.is_empty()).then(|| host.to_string())
+}
+
+impl Provenance {
+    /// This provenance for the task on `line`.
+    pub fn for_line(&self, line: usize) -> Provenance {
+        Provenance {
+            tasks_file: TasksFile {
+                sha256: self.tasks_file.sha256.clone(),
+                line: Some(line),
+            },
+            ..self.clone()
+        }
+    }
+
+    /// The first of the fields that must match for results to be mixed (harness and its
+    /// digest, runner, model) that differs from `earlier` (a record's `provenance`): its
+    /// name, the earlier value and ours.
+    pub fn mismatch(&self, earlier: &Value) -> Option<(&'static str, String, String)> {
+        let ours = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".into());
+        let fields: [(&'static str, String); 4] = [
+            ("harness", self.harness.clone()),
+            ("harness_digest", ours(&self.harness_digest)),
+            ("runner", self.runner.clone()),
+            ("model", self.model.clone()),
+        ];
+        fields.into_iter().find_map(|(name, now)| {
+            let then = earlier
+                .get(name)
+                .and_then(Value::as_str)
+                .unwrap_or("(none)")
+                .to_string();
+            (then != now).then_some((name, then, now))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_drop_scheme_path_and_credentials() {
+        assert_eq!(
+            url_host("https://api.openai.com/v1").as_deref(),
+            Some("api.openai.com")
+        );
+        assert_eq!(
+            url_host("http://user:secret@127.0.0.1:8080/v1?x=1").as_deref(),
+            Some("127.0.0.1:8080")
+        );
+        assert_eq!(url_host("https:///v1"), None);
+    }
+
+    #[test]
+    fn the_first_differing_field_is_named() {
+        let p = Provenance {
+            wmo_e2b: "0.1.0".into(),
+            runner: "sha256:r".into(),
+            harness: "builtin".into(),
+            harness_digest: None,
+            environment: "sandbox".into(),
+            backend: "local".into(),
+            template: None,
+            model: "scripted".into(),
+            provider_host: None,
+            tasks_file: TasksFile {
+                sha256: "sha256:t".into(),
+                line: None,
+            },
+        };
+        let same = serde_json::to_value(p.for_line(3)).unwrap();
+        assert_eq!(p.mismatch(&same), None);
+        let mut other = same.clone();
+        other["runner"] = "sha256:older".into();
+        other["model"] = "gpt".into();
+        assert_eq!(
+            p.mismatch(&other),
+            Some(("runner", "sha256:older".into(), "sha256:r".into()))
+        );
+    }
+}
