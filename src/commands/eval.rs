@@ -88,6 +88,10 @@ pub struct EvalArgs {
     /// directory holding `agent.mjs` that exports `runEpisode(ctx)` (sent with every episode).
     #[arg(long, default_value = "builtin", value_name = "builtin|pi|DIR")]
     harness: String,
+    /// A directory of skills (`<name>.md` files with `name` and `description` front
+    /// matter): the system prompt lists them and the agent reads one with `read_skill`.
+    #[arg(long, value_name = "DIR")]
+    skills: Option<PathBuf>,
     /// Where tool calls land: `sandbox` runs them in the episode's sandbox; `world-model`
     /// has a model simulate them (no sandbox command runs; files, setup and verify unused).
     #[arg(long = "env", value_enum, default_value = "sandbox")]
@@ -117,6 +121,8 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         ))
         .into());
     }
+    // Checked whole before the run's directory or any sandbox exists.
+    let skills = super::load_skills(args.skills.as_deref())?;
     let plan = plan::plan(&EvalOptions {
         tasks_file: args.tasks.clone(),
         out: args.out.clone(),
@@ -220,6 +226,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         provider,
         harness: plan.harness.clone(),
         world_model,
+        skills,
         control,
     });
     // The run closed its events; the reporter drains them (the summary last) and returns.
