@@ -243,6 +243,7 @@ fn config(system: String, files: Map<String, Value>) -> EpisodeConfig {
         max_output_tokens: 4096,
         temperature: None,
         wall: Duration::from_secs(300),
+        skills: None,
     }
 }
 

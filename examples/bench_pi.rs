@@ -117,6 +117,7 @@ fn config(harness: &str, system: String, files: Map<String, Value>) -> EpisodeCo
         max_output_tokens: 4096,
         temperature: None,
         wall: Duration::from_secs(300),
+        skills: None,
     }
 }
 

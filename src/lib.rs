@@ -21,6 +21,7 @@ pub mod reap;
 pub mod report;
 pub mod runner;
 pub mod sandbox;
+pub mod skills;
 pub mod state;
 pub mod sync;
 pub mod task;

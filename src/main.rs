@@ -11,7 +11,7 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0    success (eval: every task passed)
   1    eval finished but some task failed, errored or was cancelled
-  2    bad usage or input: options, the tasks file, an --out another eval is writing to
+  2    bad usage or input: options, the tasks file, a skills directory, an --out another eval is writing to
   3    infrastructure failure: a backend that cannot start, a model API that refuses the key
        or does not know the model, results that cannot be written, sandboxes whose kill
        could not be proven

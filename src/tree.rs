@@ -119,7 +119,7 @@ pub fn read_tree(root: &Path, bounds: TreeBounds) -> Result<BTreeMap<String, Str
     Ok(files)
 }
 
-fn kind_of(ft: &std::fs::FileType) -> &'static str {
+pub(crate) fn kind_of(ft: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if ft.is_symlink() {
         "symlink"

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{task, text, transcript_frames, Env, SUBMIT};
+use support::{share_pi_install, task, text, transcript_frames, Env, SUBMIT};
 
 /// A chat-completions server: the first request of each conversation gets a 500, then the
 /// agent runs `env`, then submits. Returns the bodies it saw.
@@ -381,16 +381,6 @@ fn a_world_model_answers_tool_calls_and_nothing_runs_in_the_sandbox() {
         .unwrap();
     assert_eq!(reply["content"], "3 4 (simulated)");
     assert_eq!(reply["is_error"], false);
-}
-
-/// Shares one pi install (the real npm packages) between tests: installed once under
-/// `target/pi-cache`, linked into each test's state dir.
-fn share_pi_install(env: &Env) {
-    let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pi-cache");
-    wmo_e2b::runner::pi::ensure_installed(&cache)
-        .expect("installing the pi packages (needs the npm registry once)");
-    std::fs::create_dir_all(env.home()).unwrap();
-    std::os::unix::fs::symlink(cache.join("npm"), env.home().join("npm")).unwrap();
 }
 
 #[test]

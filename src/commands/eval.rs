@@ -91,6 +91,10 @@ pub struct EvalArgs {
     /// directory holding `agent.mjs` that exports `runEpisode(ctx)` (sent with every episode).
     #[arg(long, default_value = "builtin", value_name = "builtin|pi|DIR")]
     harness: String,
+    /// A directory of skills (`<name>.md` files with `name` and `description` front
+    /// matter): the system prompt lists them and the agent reads one with `read_skill`.
+    #[arg(long, value_name = "DIR")]
+    skills: Option<PathBuf>,
     /// Where tool calls land: `sandbox` runs them in the episode's sandbox; `world-model`
     /// has a model simulate them (no sandbox command runs; files, setup and verify unused).
     #[arg(long = "env", value_enum, default_value = "sandbox")]
@@ -125,6 +129,8 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         ))
         .into());
     }
+    // Checked whole before the run's directory or any sandbox exists.
+    let skills = super::load_skills(args.skills.as_deref())?;
     let plan = plan::plan(&EvalOptions {
         tasks_file: args.tasks.clone(),
         out: args.out.clone(),
@@ -189,7 +195,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             None,
         ),
     };
-    let provenance = run_provenance(&args, &plan, pi_lock.as_deref())?;
+    let provenance = run_provenance(&args, &plan, pi_lock.as_deref(), skills.as_deref())?;
     // Every sandbox of the run is leased before it is created.
     let backend: Arc<dyn Backend> = Arc::new(LeasedBackend::new(inner, ledger, "eval"));
     let bootstrap = BootstrapOpts {
@@ -239,6 +245,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         provider,
         harness: plan.harness.clone(),
         world_model,
+        skills,
         control,
         spend,
         provenance,
@@ -266,6 +273,7 @@ fn run_provenance(
     args: &EvalArgs,
     plan: &plan::EvalPlan,
     pi_lock: Option<&std::path::Path>,
+    skills: Option<&wmo_e2b::skills::SkillSet>,
 ) -> Result<Provenance> {
     let tasks = std::fs::read(&args.tasks)
         .with_context(|| format!("cannot read {}", args.tasks.display()))?;
@@ -291,6 +299,7 @@ fn run_provenance(
         provider_host: (!scripted)
             .then(|| provenance::url_host(&args.api.base_url))
             .flatten(),
+        skills: skills.map(|s| format!("sha256:{}", s.digest())),
         tasks_file: TasksFile {
             sha256: wmo_e2b::digest::sha256(&tasks),
             line: None,

@@ -154,15 +154,29 @@ impl ModelApiArgs {
     }
 }
 
+/// The skills of `--skills DIR`, read and checked whole; a bad directory is a usage error
+/// naming the file.
+pub fn load_skills(
+    dir: Option<&std::path::Path>,
+) -> anyhow::Result<Option<std::sync::Arc<wmo_e2b::skills::SkillSet>>> {
+    use anyhow::Context;
+    let Some(dir) = dir else { return Ok(None) };
+    let skills = wmo_e2b::skills::SkillSet::load(dir)
+        .with_context(|| format!("--skills {}", dir.display()))?;
+    Ok(Some(std::sync::Arc::new(skills)))
+}
+
 /// An error whose exit code is usage (2): bad options or input files.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct UsageError(pub String);
 
 pub fn exit_code_of(err: &anyhow::Error) -> Exit {
-    let usage = err
-        .chain()
-        .any(|c| c.is::<UsageError>() || c.is::<wmo_e2b::task::TaskError>());
+    let usage = err.chain().any(|c| {
+        c.is::<UsageError>()
+            || c.is::<wmo_e2b::task::TaskError>()
+            || c.is::<wmo_e2b::skills::SkillError>()
+    });
     if usage {
         Exit::Usage
     } else {

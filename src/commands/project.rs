@@ -376,6 +376,10 @@ pub struct RunArgs {
     writable: Vec<String>,
     #[arg(long, default_value = "6h", value_parser = super::bounds::duration)]
     timeout: Duration,
+    /// A directory of skills (`<name>.md` files with `name` and `description` front
+    /// matter): the system prompt lists them and the agent reads one with `read_skill`.
+    #[arg(long, value_name = "DIR")]
+    skills: Option<PathBuf>,
     /// Where to append the turn's events (JSON Lines).
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
@@ -410,6 +414,8 @@ fn turn_provider(args: &RunArgs) -> Result<Arc<dyn Provider>> {
 
 fn run_turn(args: RunArgs, local: &LocalArgs) -> Result<Exit> {
     let provider = turn_provider(&args)?;
+    // Checked whole before the project's sandbox is touched (opening may replace it).
+    let skills = super::load_skills(args.skills.as_deref())?;
     let writable = if args.writable.is_empty() {
         None
     } else {
@@ -439,6 +445,7 @@ fn run_turn(args: RunArgs, local: &LocalArgs) -> Result<Exit> {
         allow_bash: args.allow_bash,
         writable,
         timeout: args.timeout,
+        skills,
         ..TurnOptions::default()
     };
     let cancel = wmo_e2b::cancel::CancelToken::new();

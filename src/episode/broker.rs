@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use serde_json::{json, Map, Value};
 
+use super::skills::{self, READ_SKILL};
 use super::{
     Counters, Episode, EpisodeError, EpisodeOutcome, Opening, Peer, ProviderFailure, StopReason,
     CANCEL_POLL,
@@ -300,7 +301,17 @@ impl<'a, 'b> Broker<'a, 'b> {
             .get("arguments")
             .and_then(Value::as_object)
             .unwrap_or(&empty);
-        let output = if name == "submit" && matches!(self.ep.opening, Opening::LiveTurn { .. }) {
+        let skill_set = self
+            .ep
+            .config
+            .skills
+            .as_deref()
+            .filter(|_| name == READ_SKILL);
+        let output = if let Some(set) = skill_set {
+            // Answered here, from the host's skills: neither an environment action nor a
+            // tool call of the record, though its frames are in the transcript.
+            skills::answer(set, args)
+        } else if name == "submit" && matches!(self.ep.opening, Opening::LiveTurn { .. }) {
             // The live runner hands the answer to the host; it ends the run, not the
             // session, and is not an action in the environment.
             let answer = args.get("answer").and_then(Value::as_str).unwrap_or("");

@@ -37,7 +37,8 @@ impl AddAssign for TokenMeter {
 pub struct Counters {
     /// Model calls made.
     pub turns: u32,
-    /// Tool requests answered (including rejected ones).
+    /// Tool requests answered (including rejected ones), skill reads aside: those are the
+    /// host's, not the environment's.
     pub tool_calls: u32,
     pub tokens: TokenMeter,
     /// Model-call retries the provider needed.

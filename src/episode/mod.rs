@@ -7,6 +7,9 @@
 //! requests through the environment, enforces the budgets, reports every frame to an
 //! [`Observer`], and ends with a [`StopReason`].
 //!
+//! `read_skill` is answered here too, from the skills on the host (see [`skills`]): it is
+//! no action in the environment and spends none of the tool budget.
+//!
 //! Correlation is strict: every reply carries the `req_id` of the request it answers, and a
 //! request must be of a kind the host answers. Frames the host does not know are ignored
 //! (forward compatible); a runner that dies mid-conversation is a transport error for the
@@ -14,8 +17,10 @@
 
 mod broker;
 pub mod counters;
+pub mod skills;
 pub mod transcript;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -25,6 +30,7 @@ use crate::cancel::CancelToken;
 use crate::channel::{ChannelError, FrameChannel};
 use crate::environment::{EnvError, Environment};
 use crate::provider::Provider;
+use crate::skills::SkillSet;
 use crate::task::ScriptStep;
 pub use counters::{Counters, TokenMeter};
 pub use transcript::Transcript;
@@ -110,6 +116,9 @@ pub struct EpisodeConfig {
     pub temperature: Option<f64>,
     /// Wall-clock budget of the conversation.
     pub wall: Duration,
+    /// Skills the broker answers `read_skill` from; set with
+    /// [`EpisodeConfig::offer_skills`], which also tells the agent about them.
+    pub skills: Option<Arc<SkillSet>>,
 }
 
 /// Where a frame came from, for an [`Observer`].

@@ -184,7 +184,7 @@ fn run_episode(
     wall: Duration,
 ) -> Result<EpisodeOutcome, episode::EpisodeError> {
     let tools = environment::default_tools();
-    let config = EpisodeConfig {
+    let mut config = EpisodeConfig {
         episode_id: crate::id::new_episode_id(),
         harness: run.harness.name().to_string(),
         system: environment::system_prompt(ws, &tools),
@@ -195,7 +195,11 @@ fn run_episode(
         max_output_tokens: run.limits.max_output_tokens,
         temperature: None,
         wall,
+        skills: None,
     };
+    if let Some(skills) = &run.skills {
+        config.offer_skills(skills.clone());
+    }
     let env: Box<dyn Environment> = match &run.world_model {
         Some(model) => Box::new(WorldModelEnvironment::new(model.clone(), task)),
         None => Box::new(SandboxEnvironment::new(

@@ -31,6 +31,7 @@ use crate::environment;
 use crate::errors::error_chain;
 use crate::pool::Pool;
 use crate::provider::Provider;
+use crate::skills::SkillSet;
 use crate::sync::{into_inner, lock};
 use crate::task::Task;
 pub use budget::SpendPlan;
@@ -139,6 +140,8 @@ pub struct EvalRun<'a> {
     /// With a world model, tool calls are simulated by it instead of run in the sandbox
     /// (and the task's files, setup and verify are not used).
     pub world_model: Option<Arc<dyn Provider>>,
+    /// Skills offered to every episode (`--skills`).
+    pub skills: Option<Arc<SkillSet>>,
     pub control: Arc<RunControl>,
     /// Caps and prices; the providers above are metered with its meter.
     pub spend: SpendPlan,

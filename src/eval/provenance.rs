@@ -34,6 +34,9 @@ pub struct Provenance {
     /// The host of the model API's base URL (never a key); none for the scripted model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_host: Option<String>,
+    /// sha256 of the skills offered (`--skills`), when any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skills: Option<String>,
     pub tasks_file: TasksFile,
 }
 
@@ -144,6 +147,7 @@ mod tests {
             template: None,
             model: "scripted".into(),
             provider_host: None,
+            skills: None,
             tasks_file: TasksFile {
                 sha256: "sha256:t".into(),
                 line: None,

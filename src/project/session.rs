@@ -8,6 +8,7 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -23,6 +24,7 @@ use crate::episode::{self, Episode, EpisodeConfig, EpisodeError, Opening, StopRe
 use crate::errors::error_chain;
 use crate::provider::Provider;
 use crate::sandbox::SpawnOpts;
+use crate::skills::SkillSet;
 
 #[derive(Debug, Clone)]
 pub struct TurnOptions {
@@ -36,6 +38,8 @@ pub struct TurnOptions {
     pub max_output_tokens: u32,
     pub bash_timeout: Duration,
     pub hello_timeout: Duration,
+    /// Skills offered to the agent (`--skills`).
+    pub skills: Option<Arc<SkillSet>>,
 }
 
 impl Default for TurnOptions {
@@ -50,6 +54,7 @@ impl Default for TurnOptions {
             max_output_tokens: 4096,
             bash_timeout: Duration::from_secs(60),
             hello_timeout: Duration::from_secs(60),
+            skills: None,
         }
     }
 }
@@ -149,7 +154,7 @@ fn one_turn(
         .into_iter()
         .filter(|t| opts.allow_bash || t["function"]["name"] != "bash")
         .collect();
-    let config = EpisodeConfig {
+    let mut config = EpisodeConfig {
         episode_id: crate::id::new_episode_id(),
         harness: "builtin".into(),
         system: crate::environment::system_prompt(&project.workspace(), &tools),
@@ -160,7 +165,11 @@ fn one_turn(
         max_output_tokens: opts.max_output_tokens,
         temperature: None,
         wall: opts.timeout,
+        skills: None,
     };
+    if let Some(skills) = &opts.skills {
+        config.offer_skills(skills.clone());
+    }
     let label = project.state().name.clone();
     let environment = ProjectEnvironment::new(
         project,
