@@ -297,7 +297,7 @@ fn run_provenance(
         template: (args.backend == BackendKind::E2b).then(|| e2b_options(args).template),
         model: args.model.clone(),
         provider_host: (!scripted)
-            .then(|| provenance::url_host(&args.api.base_url))
+            .then(|| provenance::url_host(&args.api.effective_base_url()))
             .flatten(),
         skills: skills.map(|s| format!("sha256:{}", s.digest())),
         tasks_file: TasksFile {

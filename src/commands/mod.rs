@@ -120,37 +120,136 @@ pub fn open_local(
 /// share.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelApiArgs {
-    /// Base URL of the OpenAI-compatible API.
-    #[arg(long, default_value = "https://api.openai.com/v1")]
-    pub base_url: String,
-    /// Environment variable holding the API key (read on the host; never sent to a sandbox).
-    #[arg(long, default_value = "OPENAI_API_KEY")]
-    pub api_key_env: String,
+    /// The API model calls go to: `openai` (any OpenAI-compatible chat-completions API) or
+    /// `anthropic` (Anthropic's Messages API).
+    #[arg(long, value_enum, default_value = "openai")]
+    pub provider: ProviderKind,
+    /// Base URL of the API [default: https://api.openai.com/v1, or https://api.anthropic.com
+    /// with --provider anthropic].
+    #[arg(long)]
+    pub base_url: Option<String>,
+    /// Environment variable holding the API key, read on the host and never sent to a sandbox
+    /// [default: OPENAI_API_KEY, or ANTHROPIC_API_KEY with --provider anthropic].
+    #[arg(long)]
+    pub api_key_env: Option<String>,
+    /// The name the output-token cap is sent under (openai): `auto` sends
+    /// `max_completion_tokens` to OpenAI's reasoning models (o1, o3, o4-mini, ...; gpt-5, ...)
+    /// and `max_tokens` to the rest; the others force one name for any model.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub token_param: TokenParamArg,
+    /// `reasoning_effort` for OpenAI's reasoning models (the others refuse it).
+    #[arg(long, value_enum)]
+    pub reasoning_effort: Option<EffortArg>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProviderKind {
+    Openai,
+    Anthropic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokenParamArg {
+    Auto,
+    #[value(name = "max_tokens")]
+    MaxTokens,
+    #[value(name = "max_completion_tokens")]
+    MaxCompletionTokens,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EffortArg {
+    Low,
+    Medium,
+    High,
 }
 
 impl ModelApiArgs {
-    /// A model provider: `scripted` (each task's model_script), or `model` on the API.
+    /// The API's base URL: the one given, else the provider's own.
+    pub fn effective_base_url(&self) -> String {
+        self.base_url
+            .clone()
+            .unwrap_or_else(|| match self.provider {
+                ProviderKind::Openai => wmo_e2b::provider::openai::OpenAiConfig::default().base_url,
+                ProviderKind::Anthropic => {
+                    wmo_e2b::provider::anthropic::AnthropicConfig::default().base_url
+                }
+            })
+    }
+
+    /// A model provider: `scripted` (each task's model_script), or `model` on the API. The
+    /// API options are checked against the model here, before any sandbox starts.
     pub fn provider(
         &self,
         model: &str,
         timeout: std::time::Duration,
     ) -> anyhow::Result<std::sync::Arc<dyn wmo_e2b::provider::Provider>> {
-        use wmo_e2b::provider::openai::{OpenAiConfig, OpenAiProvider};
+        use wmo_e2b::provider::anthropic::{AnthropicConfig, AnthropicProvider};
+        use wmo_e2b::provider::openai::{self, OpenAiConfig, OpenAiProvider};
         if model == "scripted" {
             return Ok(std::sync::Arc::new(
                 wmo_e2b::provider::scripted::ScriptedProvider::new(),
             ));
         }
-        let config = OpenAiConfig {
-            base_url: self.base_url.clone(),
-            model: model.to_string(),
-            api_key_env: self.api_key_env.clone(),
-            timeout,
-            ..OpenAiConfig::default()
-        };
-        Ok(std::sync::Arc::new(
-            OpenAiProvider::new(config).map_err(|e| UsageError(e.to_string()))?,
-        ))
+        let usage = |e: wmo_e2b::provider::ProviderError| UsageError(e.to_string());
+        match self.provider {
+            ProviderKind::Openai => {
+                if self.reasoning_effort.is_some() && !openai::is_reasoning_model(model) {
+                    return Err(UsageError(format!(
+                        "--reasoning-effort is for OpenAI's reasoning models (o1, o3, o4-mini, \
+                         ...; gpt-5, gpt-5-mini, ...), and {model:?} is not one of them"
+                    ))
+                    .into());
+                }
+                let defaults = OpenAiConfig::default();
+                let config = OpenAiConfig {
+                    base_url: self.base_url.clone().unwrap_or(defaults.base_url),
+                    model: model.to_string(),
+                    api_key_env: self.api_key_env.clone().unwrap_or(defaults.api_key_env),
+                    timeout,
+                    token_param: match self.token_param {
+                        TokenParamArg::Auto => openai::TokenParam::Auto,
+                        TokenParamArg::MaxTokens => openai::TokenParam::MaxTokens,
+                        TokenParamArg::MaxCompletionTokens => {
+                            openai::TokenParam::MaxCompletionTokens
+                        }
+                    },
+                    reasoning_effort: self.reasoning_effort.map(|e| match e {
+                        EffortArg::Low => openai::ReasoningEffort::Low,
+                        EffortArg::Medium => openai::ReasoningEffort::Medium,
+                        EffortArg::High => openai::ReasoningEffort::High,
+                    }),
+                    ..defaults
+                };
+                Ok(std::sync::Arc::new(
+                    OpenAiProvider::new(config).map_err(usage)?,
+                ))
+            }
+            ProviderKind::Anthropic => {
+                let openai_only = [
+                    (self.reasoning_effort.is_some(), "--reasoning-effort"),
+                    (self.token_param != TokenParamArg::Auto, "--token-param"),
+                ];
+                if let Some((_, flag)) = openai_only.iter().find(|(given, _)| *given) {
+                    return Err(UsageError(format!(
+                        "{flag} is an option of --provider openai; the Messages API always \
+                         takes max_tokens and has no reasoning_effort"
+                    ))
+                    .into());
+                }
+                let defaults = AnthropicConfig::default();
+                let config = AnthropicConfig {
+                    base_url: self.base_url.clone().unwrap_or(defaults.base_url),
+                    model: model.to_string(),
+                    api_key_env: self.api_key_env.clone().unwrap_or(defaults.api_key_env),
+                    timeout,
+                    ..defaults
+                };
+                Ok(std::sync::Arc::new(
+                    AnthropicProvider::new(config).map_err(usage)?,
+                ))
+            }
+        }
     }
 }
 

@@ -49,6 +49,8 @@ impl<'a> RunBudget<'a> {
         let tokens = TokenMeter {
             input: usage.input_tokens,
             output: usage.output_tokens,
+            cached_input: usage.cached_input_tokens,
+            reasoning: usage.reasoning_tokens,
             calls,
         };
         Spend::of(

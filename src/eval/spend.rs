@@ -165,10 +165,16 @@ fn read_price_file(path: &Path) -> Result<PriceFile, PriceError> {
 }
 
 impl Prices {
-    /// Dollars for `tokens` and `sandbox_seconds`.
+    /// Dollars for `tokens` and `sandbox_seconds`. Cached input tokens (a part of `input`)
+    /// are priced at `cached_input` where the table has it.
     pub fn cost(&self, tokens: &TokenMeter, sandbox_seconds: f64) -> f64 {
         let p = &self.per_mtok;
-        let model = (tokens.input as f64 * p.input + tokens.output as f64 * p.output) / 1e6;
+        let cached = tokens.cached_input.min(tokens.input);
+        let fresh = tokens.input - cached;
+        let model = (fresh as f64 * p.input
+            + cached as f64 * p.cached_input.unwrap_or(p.input)
+            + tokens.output as f64 * p.output)
+            / 1e6;
         model + sandbox_seconds * self.sandbox_per_second
     }
 }
@@ -342,9 +348,13 @@ mod tests {
         let tokens = TokenMeter {
             input: 1_000_000,
             output: 100_000,
+            cached_input: 400_000,
+            reasoning: 50_000,
             calls: 3,
         };
-        assert!((a.cost(&tokens, 10.0) - (2.5 + 1.0 + 0.01)).abs() < 1e-9);
+        // 600k fresh at 2.5, 400k cached at 1.25, 100k out at 10, 10 s at 0.001.
+        let expected = 1.5 + 0.5 + 1.0 + 0.01;
+        assert!((a.cost(&tokens, 10.0) - expected).abs() < 1e-9);
     }
 
     #[test]

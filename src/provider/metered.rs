@@ -11,6 +11,8 @@ use super::{Completion, ModelCall, Provider, ProviderError, Usage};
 pub struct UsageMeter {
     input: AtomicU64,
     output: AtomicU64,
+    cached_input: AtomicU64,
+    reasoning: AtomicU64,
     calls: AtomicU64,
 }
 
@@ -20,6 +22,8 @@ impl UsageMeter {
         let usage = Usage {
             input_tokens: self.input.load(Ordering::Relaxed),
             output_tokens: self.output.load(Ordering::Relaxed),
+            cached_input_tokens: self.cached_input.load(Ordering::Relaxed),
+            reasoning_tokens: self.reasoning.load(Ordering::Relaxed),
         };
         (usage, self.calls.load(Ordering::Relaxed))
     }
@@ -27,6 +31,10 @@ impl UsageMeter {
     fn add(&self, u: Usage) {
         self.input.fetch_add(u.input_tokens, Ordering::Relaxed);
         self.output.fetch_add(u.output_tokens, Ordering::Relaxed);
+        self.cached_input
+            .fetch_add(u.cached_input_tokens, Ordering::Relaxed);
+        self.reasoning
+            .fetch_add(u.reasoning_tokens, Ordering::Relaxed);
         self.calls.fetch_add(1, Ordering::Relaxed);
     }
 }

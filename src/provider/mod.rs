@@ -1,9 +1,11 @@
 //! Model providers: where an `llm_request` from the runner is answered, on the host.
 //!
 //! The runner sends an OpenAI chat-completions request body; a provider returns an OpenAI
-//! chat-completion object plus the token usage it reports. Credentials live here and never
-//! cross into a sandbox.
+//! chat-completion object plus the token usage it reports, whatever API it speaks
+//! (`anthropic` translates both ways). Credentials live here and never cross into a sandbox.
 
+pub mod anthropic;
+mod http;
 pub mod metered;
 pub mod openai;
 pub mod scripted;
@@ -13,11 +15,18 @@ use serde_json::Value;
 use crate::cancel::CancelToken;
 use crate::task::ScriptStep;
 
-/// Tokens a provider reported for one call.
+/// Tokens a provider reported for one call, counted as OpenAI counts them: the cached and
+/// reasoning figures are parts of the input and output ones, not additions to them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
+    /// Every prompt token, cached or not.
     pub input_tokens: u64,
+    /// Every generated token, reasoning included.
     pub output_tokens: u64,
+    /// Prompt tokens served from the provider's prompt cache; 0 when not reported.
+    pub cached_input_tokens: u64,
+    /// Output tokens spent on hidden reasoning; 0 when not reported.
+    pub reasoning_tokens: u64,
 }
 
 /// One answered model call.
@@ -57,8 +66,8 @@ pub enum ProviderError {
         var: String,
         body: String,
     },
-    /// 404 at the chat-completions endpoint: the model (or the endpoint itself) does not
-    /// exist there, for every call.
+    /// 404 at the model endpoint (chat completions, messages): the model (or the endpoint
+    /// itself) does not exist there, for every call.
     #[error("the model API does not know model {model:?} (HTTP 404): check --model (and --base-url); the API said: {body}")]
     ModelNotFound { model: String, body: String },
     #[error("the model API could not be reached at {url}")]
@@ -124,6 +133,21 @@ impl ProviderError {
             | ProviderError::Cancelled => FailureScope::Episode,
         }
     }
+}
+
+/// The key in the environment variable `var`, trimmed; a missing or blank one is an error
+/// naming the variable, so it stops the run before any sandbox starts rather than failing
+/// every episode.
+pub(crate) fn key_from_env(var: &str) -> Result<String, ProviderError> {
+    let key = std::env::var(var).unwrap_or_default();
+    // Keys pasted from files often carry a trailing newline, which is not a valid header byte.
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(ProviderError::MissingKey {
+            var: var.to_string(),
+        });
+    }
+    Ok(key.to_string())
 }
 
 pub trait Provider: Send + Sync {

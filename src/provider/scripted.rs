@@ -123,6 +123,7 @@ fn answer(call: &ModelCall<'_>, step: &ScriptStep) -> Completion {
         usage: Usage {
             input_tokens: prompt_tokens,
             output_tokens: completion_tokens,
+            ..Usage::default()
         },
         retries: 0,
     }
@@ -251,7 +252,8 @@ mod tests {
             c.usage,
             Usage {
                 input_tokens: 12,
-                output_tokens: 2
+                output_tokens: 2,
+                ..Usage::default()
             }
         );
         assert_eq!(c.body["usage"]["prompt_tokens"], 12);
