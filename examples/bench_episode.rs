@@ -29,6 +29,7 @@ use serde_json::{json, Map, Value};
 use wmo_e2b::cancel::CancelToken;
 use wmo_e2b::environment::{self, SandboxEnvironment};
 use wmo_e2b::episode::{self, Episode, EpisodeConfig, Opening, StopReason, Transcript};
+use wmo_e2b::eval::HarnessFiles;
 use wmo_e2b::pool::{self, Pool, PoolConfig, Warm};
 use wmo_e2b::provider::scripted::ScriptedProvider;
 use wmo_e2b::runner::{self, BootstrapOpts};
@@ -238,6 +239,7 @@ fn config(system: String, files: Map<String, Value>) -> EpisodeConfig {
         system,
         tools: environment::default_tools(),
         files,
+        files_digest: None,
         max_turns: 20,
         max_tool_actions: 40,
         max_output_tokens: 4096,
@@ -455,8 +457,12 @@ fn soak(state: &Path, episodes: usize, harness: &str, files_json: &str, transcri
     let provider = ScriptedProvider::new();
     let cancel = CancelToken::new();
 
-    // Built once: only the episode id changes between episodes.
-    let base = config(system.clone(), files.clone());
+    // Built once: only the episode id changes between episodes, and, as `eval` does, the
+    // harness files go to the runner with its first episode only (named by digest after).
+    let mut base = config(system.clone(), files.clone());
+    let harness_files = (!files.is_empty()).then(|| HarnessFiles::new(files.clone()));
+    base.files = Map::new();
+    base.files_digest = harness_files.as_ref().map(|h| h.digest.clone());
     let run_one = |i: usize| -> Sample {
         let c0 = self_cpu_s();
         let t0 = Instant::now();
@@ -465,6 +471,11 @@ fn soak(state: &Path, episodes: usize, harness: &str, files_json: &str, transcri
         let reused = warm.reused;
         let mut cfg = base.clone();
         cfg.episode_id = wmo_e2b::id::new_episode_id();
+        if let Some(h) = &harness_files {
+            if warm.harness_files.as_deref() != Some(h.digest.as_str()) {
+                cfg.files = h.files.clone();
+            }
+        }
         let mut tr = if transcript == "file" {
             Transcript::append(&transcripts.join(format!("s{}.jsonl", i % 8))).unwrap()
         } else {
@@ -485,6 +496,7 @@ fn soak(state: &Path, episodes: usize, harness: &str, files_json: &str, transcri
             };
             episode::run_episode(&mut ep, &mut warm.channel).expect("episode")
         };
+        warm.harness_files = cfg.files_digest.clone();
         let _ = tr.finish();
         drop(cfg);
         let c2 = self_cpu_s();

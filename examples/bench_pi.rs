@@ -112,6 +112,7 @@ fn config(harness: &str, system: String, files: Map<String, Value>) -> EpisodeCo
         system,
         tools: environment::default_tools(),
         files,
+        files_digest: None,
         max_turns: 20,
         max_tool_actions: 40,
         max_output_tokens: 4096,

@@ -104,6 +104,26 @@ function request(episode, type, fields) {
 // ---------------------------------------------------------------------------
 // Episodes
 
+// The user harness's files this runner was sent, by their digest: the host sends
+// them with a runner's first episode and names them by digest after that. One set
+// is kept (a run has one harness); a restarted runner has none, and its host sends
+// them again.
+var keptFiles = { digest: null, files: null };
+
+// The files of an episode_start: those sent (kept under their digest, when it
+// names one), or the kept ones its digest names. Throws when it names files this
+// runner was never sent.
+function harnessFiles(files, digest) {
+  var sent = isObject(files) && Object.keys(files).length > 0;
+  if (typeof digest !== "string" || digest === "") return files;
+  if (sent) {
+    keptFiles = { digest: digest, files: files };
+    return files;
+  }
+  if (keptFiles.digest === digest) return keptFiles.files;
+  throw new Error("the harness files " + digest + " were never sent to this runner (it keeps only what it was sent)");
+}
+
 // Which harness runs an episode_start: "builtin", "user" or "pi". Throws when
 // the request cannot be honoured as sent.
 function chooseHarness(name, files) {
@@ -156,10 +176,11 @@ function onEpisodeStart(frame) {
   // An episode_start this runner cannot honour is refused, never run some
   // other way: an agent without its tools, or the builtin loop standing in for
   // the harness that was sent, would still "pass" a task without verify.
-  var tools, harness;
+  var tools, harness, files;
   try {
+    files = harnessFiles(frame.files, frame.files_digest);
     tools = normalizeTools(frame.tools);
-    harness = chooseHarness(frame.harness, frame.files);
+    harness = chooseHarness(frame.harness, files);
   } catch (e) {
     send({ type: "episode_error", episode_id: id, note: "cannot run this episode_start: " + e.message });
     return;
@@ -175,7 +196,7 @@ function onEpisodeStart(frame) {
       instruction: typeof frame.instruction === "string" ? frame.instruction : "",
       system: typeof frame.system === "string" ? frame.system : "",
       tools: tools,
-      files: harness === "user" ? frame.files : null,
+      files: harness === "user" ? files : null,
       maxTurns: intAtLeast(frame.max_turns, 1, DEFAULT_MAX_TURNS),
       maxOutputTokens: intAtLeast(frame.max_output_tokens, 1, DEFAULT_MAX_OUTPUT_TOKENS),
       temperature: finiteOrUndefined(frame.temperature),

@@ -93,6 +93,9 @@ pub struct Warm {
     pub channel: StdioChannel,
     /// Whether an earlier episode used this sandbox.
     pub reused: bool,
+    /// The digest of the harness files this sandbox's runner holds (sent with an earlier
+    /// episode; the runner keeps them for as long as it runs).
+    pub harness_files: Option<String>,
 }
 
 /// Sandboxes created and sandbox-seconds (create to proven kill, or to now while live), and
@@ -241,6 +244,7 @@ impl Pool {
             sandbox,
             channel: started.channel,
             reused: false,
+            harness_files: None,
         })
     }
 

@@ -316,6 +316,59 @@ export async function runEpisode(ctx) {
     assert!(err.contains("lib/link") && err.contains("symlink"), "{err}");
 }
 
+/// A runner is sent the harness files with its first episode; later episodes on it name them
+/// by digest, and a fresh runner (another sandbox) is sent them again.
+#[test]
+fn harness_files_go_to_each_runner_once() {
+    let env = Env::new();
+    let dir = env.path("harness");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("agent.mjs"),
+        "export async function runEpisode(ctx) { ctx.submit('ok ' + ctx.taskId); }\n",
+    )
+    .unwrap();
+    let lines: Vec<String> = (0..3).map(|i| task(&format!("t{i}"), "")).collect();
+    let tasks = env.write_tasks(&lines);
+    let h = dir.to_str().unwrap();
+    let o = env.eval(&tasks, &["-j", "1", "--harness", h]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let start = |id: &str| -> serde_json::Value {
+        transcript_frames(&env, id)
+            .into_iter()
+            .find(|f| f["type"] == "episode_start")
+            .unwrap()
+    };
+    let mut sent = 0;
+    let mut digests = std::collections::BTreeSet::new();
+    for id in ["t0", "t1", "t2"] {
+        let s = start(id);
+        assert_eq!(env.result(id)["answer"], format!("ok {id}"));
+        digests.insert(s["files_digest"].as_str().unwrap().to_string());
+        if s["files"]["count"] == 1 {
+            sent += 1;
+        } else {
+            assert_eq!(s["files"], serde_json::json!({}), "{s}");
+        }
+    }
+    // One warm sandbox served all three: the files went once.
+    assert_eq!(sent, 1);
+    assert_eq!(digests.len(), 1);
+
+    // Without reuse every task has a fresh runner, which is sent the files.
+    let env2 = Env::new();
+    let tasks = env2.write_tasks(&lines);
+    let o = env2.eval(&tasks, &["-j", "1", "--no-reuse", "--harness", h]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for id in ["t0", "t1", "t2"] {
+        let s = transcript_frames(&env2, id)
+            .into_iter()
+            .find(|f| f["type"] == "episode_start")
+            .unwrap();
+        assert_eq!(s["files"]["count"], 1, "{s}");
+    }
+}
+
 #[test]
 fn a_lone_surrogate_from_a_harness_reaches_the_host_as_a_replacement_character() {
     let env = Env::new();

@@ -185,3 +185,19 @@ test("more than 16 distinct harnesses keep working, with a note on stderr", asyn
   assert.equal(await r.exitCode(), 0);
   assert.deepEqual(readdirSync(root), []);
 });
+
+test("files sent once under a digest are named by it after, and an unknown digest is refused", async (t) => {
+  const root = tempRoot(t);
+  const r = await startRunner(t, { cwd: root });
+  const files = { "agent.mjs": "export function runEpisode(ctx) { ctx.submit('ran ' + ctx.episodeId); }" };
+  r.send(episodeStart("s1", { files, files_digest: "sha256:aa" }));
+  assert.equal((await r.next("done")).answer, "ran s1");
+  // The digest alone: the runner runs the files it kept.
+  r.send(episodeStart("s2", { harness: "user", files: {}, files_digest: "sha256:aa" }));
+  assert.equal((await r.next("done")).answer, "ran s2");
+  // A digest it was never sent: refused, never run as another harness.
+  r.send(episodeStart("s3", { harness: "user", files: {}, files_digest: "sha256:bb" }));
+  const refused = await r.next("episode_error");
+  assert.equal(refused.episode_id, "s3");
+  assert.match(refused.note, /sha256:bb were never sent/);
+});

@@ -98,6 +98,7 @@ impl<'a, 'b> Broker<'a, 'b> {
                 "system": c.system,
                 "tools": c.tools,
                 "files": c.files,
+                "files_digest": c.files_digest,
                 "max_turns": c.max_turns,
                 "max_output_tokens": c.max_output_tokens,
                 "temperature": c.temperature,

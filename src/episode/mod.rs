@@ -108,8 +108,12 @@ pub struct EpisodeConfig {
     pub harness: String,
     pub system: String,
     pub tools: Vec<Value>,
-    /// Harness files sent with `episode_start` (empty for the builtin harness).
+    /// Harness files sent with `episode_start`: empty for the builtin and pi harnesses, and
+    /// for a runner that already holds the files `files_digest` names.
     pub files: Map<String, Value>,
+    /// The digest of the user harness's files (`sha256:<hex>`): a runner keeps the files it
+    /// was sent under it, so later episodes name them instead of sending them again.
+    pub files_digest: Option<String>,
     pub max_turns: u32,
     pub max_tool_actions: u32,
     pub max_output_tokens: u32,

@@ -89,6 +89,7 @@ mod tests {
             system: "base prompt\n".into(),
             tools: Vec::new(),
             files: Map::new(),
+            files_digest: None,
             max_turns: 1,
             max_tool_actions: 1,
             max_output_tokens: 1,

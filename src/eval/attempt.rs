@@ -189,7 +189,12 @@ fn run_episode(
         harness: run.harness.name().to_string(),
         system: environment::system_prompt(ws, &tools),
         tools,
-        files: run.harness.files(),
+        // A runner that holds these files already is told their digest only.
+        files: match run.harness.files() {
+            Some(h) if warm.harness_files.as_deref() != Some(h.digest.as_str()) => h.files.clone(),
+            _ => serde_json::Map::new(),
+        },
+        files_digest: run.harness.files().map(|h| h.digest.clone()),
         max_turns: task.max_turns.unwrap_or(run.limits.max_turns),
         max_tool_actions: run.limits.max_tool_actions,
         max_output_tokens: run.limits.max_output_tokens,
@@ -220,7 +225,13 @@ fn run_episode(
         cancel: run.control.cancel_token(),
         observer: transcript,
     };
-    episode::run_episode(&mut ep, &mut warm.channel)
+    let outcome = episode::run_episode(&mut ep, &mut warm.channel);
+    // The runner has the files now (it keeps what it is sent, even with an episode it then
+    // refuses); a runner that failed is retired with its sandbox.
+    if outcome.is_ok() {
+        warm.harness_files = config.files_digest.clone();
+    }
+    outcome
 }
 
 /// Runs the task's `verify` when the agent's work can be judged at all.

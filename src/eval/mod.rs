@@ -106,8 +106,29 @@ pub enum Harness {
     Builtin,
     /// The real pi agent loop (its packages installed where the bootstrap points).
     Pi,
-    /// A user's harness: files sent with every episode, `agent.mjs` exporting `runEpisode`.
-    Files(Map<String, serde_json::Value>),
+    /// A user's harness: files, `agent.mjs` exporting `runEpisode`, sent to each runner
+    /// once and named by their digest after that.
+    Files(HarnessFiles),
+}
+
+/// A user harness's files and their digest (computed once: hashing them every episode
+/// would cost what sending them once saves).
+#[derive(Debug, Clone)]
+pub struct HarnessFiles {
+    pub files: Map<String, serde_json::Value>,
+    /// `sha256:<hex>` of the files, by path.
+    pub digest: String,
+}
+
+impl HarnessFiles {
+    pub fn new(files: Map<String, serde_json::Value>) -> HarnessFiles {
+        let digest = crate::digest::sha256_parts(
+            files
+                .iter()
+                .map(|(path, v)| (path.as_str(), v.as_str().unwrap_or("").as_bytes())),
+        );
+        HarnessFiles { files, digest }
+    }
 }
 
 impl Harness {
@@ -119,10 +140,10 @@ impl Harness {
         }
     }
 
-    fn files(&self) -> Map<String, serde_json::Value> {
+    fn files(&self) -> Option<&HarnessFiles> {
         match self {
-            Harness::Files(f) => f.clone(),
-            _ => Map::new(),
+            Harness::Files(f) => Some(f),
+            _ => None,
         }
     }
 }

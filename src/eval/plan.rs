@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::results::{self, ResultsError};
 use super::run_lock::{self, RunLock, RunLockError};
-use super::Harness;
+use super::{Harness, HarnessFiles};
 use crate::pool::{self, PoolConfig};
 use crate::runner::BootstrapOpts;
 use crate::sandbox::{CreateSpec, Metadata};
@@ -166,12 +166,12 @@ fn harness(name: &str) -> Result<Harness, PlanError> {
         dir => {
             let files = tree::read_harness(Path::new(dir), TreeBounds::default())
                 .map_err(|e| PlanError::Usage(format!("--harness {dir}: {e}")))?;
-            Harness::Files(
+            Harness::Files(HarnessFiles::new(
                 files
                     .into_iter()
                     .map(|(k, v)| (k, serde_json::Value::String(v)))
                     .collect(),
-            )
+            ))
         }
     })
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::Harness;
-use crate::digest::{sha256, sha256_parts};
+use crate::digest::sha256;
 
 /// The run's provenance; each record adds its task's line in the tasks file.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -64,14 +64,7 @@ pub fn harness_of(harness: &Harness, pi_lock: Option<&Path>) -> (String, Option<
                 Some(digest),
             )
         }
-        Harness::Files(files) => {
-            let digest = sha256_parts(
-                files
-                    .iter()
-                    .map(|(name, v)| (name.as_str(), v.as_str().unwrap_or("").as_bytes())),
-            );
-            ("user".into(), Some(digest))
-        }
+        Harness::Files(files) => ("user".into(), Some(files.digest.clone())),
     }
 }
 

@@ -160,6 +160,7 @@ fn one_turn(
         system: crate::environment::system_prompt(&project.workspace(), &tools),
         tools,
         files: Map::new(),
+        files_digest: None,
         max_turns: opts.turn_cap,
         max_tool_actions: opts.actions_per_turn,
         max_output_tokens: opts.max_output_tokens,
