@@ -332,6 +332,14 @@ fn an_aws_batch_array_splits_by_its_index_and_size_and_one_index_runs_once_at_a_
         assert_eq!(o.status.code(), Some(0), "child {i}: {}", text(&o));
     }
     check_split(&out, 3, &ids);
+    // The same directory split another way would put a task in two shards: refused.
+    let mut again = args.clone();
+    let at = again.iter().position(|a| a == "auto").unwrap();
+    again[at] = "0/2".into();
+    let o = engine_cmd(&env, &again, &[]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("split into 3 shards"), "{}", text(&o));
+    assert!(!out.join("shard-0-of-2").exists());
 }
 
 #[test]
@@ -345,16 +353,18 @@ fn a_bad_engine_variable_exits_2_naming_it_before_anything_is_written() {
             .map(String::from)
             .to_vec()
     };
-    let cases: &[(&str, &[(&str, &str)], &str)] = &[
+    // Each: --shard, the engine's variables, and what the message must name.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a str]);
+    let cases: &[Case] = &[
         (
             "auto/4",
             &[("JOB_COMPLETION_INDEX", "two")],
-            "JOB_COMPLETION_INDEX",
+            &["JOB_COMPLETION_INDEX=\"two\"", "not a whole number"],
         ),
         (
             "auto",
-            &[("JOB_COMPLETION_INDEX", "1")],
-            "JOB_COMPLETION_INDEX",
+            &[("JOB_COMPLETION_INDEX", "0")],
+            &["JOB_COMPLETION_INDEX", "--shard auto/N"],
         ),
         (
             "auto",
@@ -363,21 +373,31 @@ fn a_bad_engine_variable_exits_2_naming_it_before_anything_is_written() {
                 ("SLURM_ARRAY_TASK_MIN", "0"),
                 ("SLURM_ARRAY_TASK_COUNT", "3"),
             ],
-            "SLURM_ARRAY_TASK_ID",
+            &["SLURM_ARRAY_TASK_ID=3", "SLURM_ARRAY_TASK_COUNT=3"],
         ),
         (
             "auto/2",
             &[("AWS_BATCH_JOB_ARRAY_INDEX", "-1")],
-            "AWS_BATCH_JOB_ARRAY_INDEX",
+            &["AWS_BATCH_JOB_ARRAY_INDEX=-1", "negative"],
         ),
-        ("auto/2", &[], "JOB_COMPLETION_INDEX"),
+        (
+            "auto/2",
+            &[],
+            &[
+                "JOB_COMPLETION_INDEX",
+                "SLURM_ARRAY_TASK_ID",
+                "AWS_BATCH_JOB_ARRAY_INDEX",
+            ],
+        ),
     ];
     for (shard, vars, named) in cases {
         let vars: Vec<(&str, String)> = vars.iter().map(|(k, v)| (*k, v.to_string())).collect();
         let o = engine_cmd(&env, &args(shard), &vars).output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{vars:?}: {}", text(&o));
         let stderr = String::from_utf8_lossy(&o.stderr);
-        assert!(stderr.contains(named), "{vars:?}: {stderr}");
+        for n in *named {
+            assert!(stderr.contains(n), "{vars:?}: {stderr} does not say {n}");
+        }
         assert!(
             !env.out().exists(),
             "{vars:?} created {}",

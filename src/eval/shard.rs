@@ -146,7 +146,8 @@ pub enum ShardError {
         count: u32,
         count_from: String,
     },
-    #[error("{var}: {detail}")]
+    /// `detail` says what disagrees, naming `var` and the others involved.
+    #[error("{detail}")]
     Inconsistent { var: &'static str, detail: String },
     #[error(
         "{a} and {b} are both set and disagree (shard {a_shard} vs {b_shard}): unset the one \
