@@ -246,34 +246,42 @@ fn resume_and_shards() {
         .map(|i| task(&format!("t{i}"), &format!(r#""model_script": [{SUBMIT}]"#)))
         .collect();
     let tasks = env.write_tasks(&lines);
+    // Each shard writes its own directory under the shared --out.
+    let ids_in = |shard: &str| -> Vec<String> {
+        support::results_in(&env.out().join(shard))
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_string())
+            .collect()
+    };
     let o = env.eval(&tasks, &["--shard", "0/2", "-j", "4"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let first: Vec<String> = env
-        .results()
-        .iter()
-        .map(|r| r["id"].as_str().unwrap().to_string())
-        .collect();
+    let first = ids_in("shard-0-of-2");
     assert!(!first.is_empty() && first.len() < 12, "{first:?}");
     let o = env.eval(&tasks, &["--shard", "1/2", "-j", "4"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let mut all: Vec<String> = env
-        .results()
-        .iter()
-        .map(|r| r["id"].as_str().unwrap().to_string())
-        .collect();
+    assert_eq!(
+        ids_in("shard-0-of-2"),
+        first,
+        "shard 1 touched shard 0's results"
+    );
+    let mut all = [first.clone(), ids_in("shard-1-of-2")].concat();
     all.sort();
     all.dedup();
     assert_eq!(all.len(), 12);
-    assert_eq!(env.results().len(), 12, "a task ran in both shards");
+    assert_eq!(
+        first.len() + ids_in("shard-1-of-2").len(),
+        12,
+        "a task ran in both shards"
+    );
 
-    // Everything is finished: a resume runs nothing.
-    let o = env.eval(&tasks, &["--resume", "--json"]);
+    // Everything in shard 0 is finished: resuming it runs nothing.
+    let o = env.eval(&tasks, &["--shard", "0/2", "--resume", "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert_eq!(env.results().len(), 12);
+    assert_eq!(ids_in("shard-0-of-2").len(), first.len());
     let stdout = String::from_utf8_lossy(&o.stdout);
     let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(last["type"], "summary");
-    assert_eq!(last["summary"]["skipped"], 12);
+    assert_eq!(last["summary"]["skipped"], first.len());
 
     let o = env.run(&["eval", "--tasks", tasks.to_str().unwrap(), "--resume"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));

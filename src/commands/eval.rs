@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use wmo_e2b::eval::plan::{self, EvalOptions, PlanError};
 use wmo_e2b::eval::provenance::{self, Provenance, TasksFile};
+use wmo_e2b::eval::shard;
 use wmo_e2b::eval::spend::{self, Caps, PriceError, PriceOptions};
 use wmo_e2b::eval::{self, EvalLimits, EvalRun, Harness, RunControl, SpendPlan, Verdict};
 use wmo_e2b::pool::Pool;
@@ -56,14 +57,19 @@ pub struct EvalArgs {
     /// Tasks running at once.
     #[arg(short = 'j', long = "jobs", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
     jobs: u16,
-    /// Output directory (default: runs/<UTC timestamp>).
+    /// Output directory (default: runs/<UTC timestamp>); with --shard, the directory the
+    /// shards share: each writes DIR/shard-I-of-N/.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Skip tasks already finished in DIR/results.jsonl (needs --out).
+    /// Skip tasks already finished in DIR/results.jsonl (needs --out; with --shard, the
+    /// shard's own directory's).
     #[arg(long)]
     resume: bool,
-    /// Run only the tasks whose stable id hash falls in shard I of N (0-based), e.g. 0/4.
-    #[arg(long, value_name = "I/N")]
+    /// Run only the tasks whose stable id hash falls in shard I of N (0-based), e.g. 0/4;
+    /// `auto` or `auto/N` takes I (and N) from a Kubernetes Indexed Job
+    /// (JOB_COMPLETION_INDEX, N from auto/N), a Slurm job array (SLURM_ARRAY_TASK_ID,
+    /// _MIN, _COUNT) or an AWS Batch array job (AWS_BATCH_JOB_ARRAY_INDEX).
+    #[arg(long, value_name = "I/N|auto|auto/N")]
     shard: Option<String>,
     /// Replays of an episode on a fresh sandbox after a transport failure.
     #[arg(long, default_value_t = 1)]
@@ -131,11 +137,17 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     }
     // Checked whole before the run's directory or any sandbox exists.
     let skills = super::load_skills(args.skills.as_deref())?;
+    let shard = args
+        .shard
+        .as_deref()
+        .map(|s| shard::resolve(shard::parse(s)?, &shard::engine_env()))
+        .transpose()
+        .map_err(|e| UsageError(e.to_string()))?;
     let plan = plan::plan(&EvalOptions {
         tasks_file: args.tasks.clone(),
         out: args.out.clone(),
         resume: args.resume,
-        shard: args.shard.clone(),
+        shard,
         harness: args.harness.clone(),
     })
     .map_err(|e| match e {

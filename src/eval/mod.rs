@@ -14,6 +14,7 @@ pub mod plan;
 pub mod provenance;
 pub mod results;
 pub mod run_lock;
+pub mod shard;
 pub mod spend;
 mod summary;
 mod verdict;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::results::{self, ResultsError};
 use super::run_lock::{self, RunLock, RunLockError};
+use super::shard::Shard;
 use super::{Harness, HarnessFiles};
 use crate::pool::{self, PoolConfig};
 use crate::runner::BootstrapOpts;
@@ -19,12 +20,14 @@ use crate::tree::{self, TreeBounds};
 #[derive(Debug, Clone)]
 pub struct EvalOptions {
     pub tasks_file: PathBuf,
-    /// Output directory; `None` picks `runs/<UTC timestamp>`.
+    /// Output directory; `None` picks `runs/<UTC timestamp>`. With a shard, the directory
+    /// all shards share: this one writes its `shard-I-of-N/` inside it.
     pub out: Option<PathBuf>,
-    /// Skip tasks already finished in the output directory.
+    /// Skip tasks already finished in the output directory (the shard's, with a shard).
     pub resume: bool,
-    /// `I/N`: only the tasks whose stable id hash falls in shard I of N.
-    pub shard: Option<String>,
+    /// Only the tasks whose stable id hash falls in this shard (already resolved: `--shard
+    /// auto` is the command's to read from the engine).
+    pub shard: Option<Shard>,
     /// `builtin`, `pi`, or a directory holding `agent.mjs`.
     pub harness: String,
 }
@@ -38,7 +41,9 @@ pub struct EvalPlan {
     pub unreadable_results: usize,
     /// What the results resumed were made with (the first kept record's `provenance`).
     pub resumed_provenance: Option<serde_json::Value>,
+    /// Where this run writes: `--out`, or with a shard its `shard-I-of-N/` inside it.
     pub out_dir: PathBuf,
+    pub shard: Option<Shard>,
     pub harness: Harness,
     /// Held for the whole run: a second run into the same directory is refused.
     pub lock: RunLock,
@@ -81,10 +86,17 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
             "--resume needs --out DIR: the run directory to resume".into(),
         ));
     }
-    let shard = opts.shard.as_deref().map(parse_shard).transpose()?;
+    let shard = opts.shard;
     let harness = harness(&opts.harness)?;
     let all = task::load_tasks(&opts.tasks_file)?;
-    let out_dir = opts.out.clone().unwrap_or_else(default_out_dir);
+    let base = opts.out.clone().unwrap_or_else(default_out_dir);
+    let out_dir = match shard {
+        Some(s) => {
+            other_split(&base, s)?;
+            base.join(s.dir_name())
+        }
+        None => base,
+    };
     std::fs::create_dir_all(&out_dir).map_err(|source| PlanError::Io {
         path: out_dir.clone(),
         source,
@@ -100,7 +112,7 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
     let mut skipped = 0;
     let tasks = all
         .into_iter()
-        .filter(|t| shard.is_none_or(|(i, n)| task::shard_of(&t.id, n) == i))
+        .filter(|t| shard.is_none_or(|s| s.holds(&t.id)))
         .filter(|t| {
             let keep = !done.contains(&t.id);
             skipped += usize::from(!keep);
@@ -113,17 +125,58 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
         unreadable_results,
         resumed_provenance,
         out_dir,
+        shard,
         harness,
         lock,
     })
 }
 
+/// Entries of a shared directory looked at for shards of another split; a directory of runs
+/// holds a handful, so past this many the rest go unchecked rather than unbounded.
+const MAX_SHARED_ENTRIES: usize = 10_000;
+
+/// Refuses a shared directory already holding shards of a split into another count: the
+/// same task would sit in two shards (`shard_of` depends on N), and merging them would
+/// count it twice.
+fn other_split(base: &Path, shard: Shard) -> Result<(), PlanError> {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        // Not there yet (created next), or unreadable: creating it says why.
+        return Ok(());
+    };
+    for entry in entries.take(MAX_SHARED_ENTRIES).flatten() {
+        let name = entry.file_name();
+        let Some(count) = name.to_str().and_then(shard_count_of) else {
+            continue;
+        };
+        if count != shard.count {
+            return Err(PlanError::Usage(format!(
+                "{} already holds {} from a run split into {count} shards, and this one is split into {}: use another --out",
+                base.display(),
+                name.to_string_lossy(),
+                shard.count
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// N of a `shard-I-of-N` directory name.
+fn shard_count_of(name: &str) -> Option<u32> {
+    let (i, n) = name.strip_prefix("shard-")?.split_once("-of-")?;
+    i.parse::<u32>().ok()?;
+    n.parse().ok()
+}
+
 impl EvalPlan {
-    /// The name the run's sandboxes are leased under: its output directory's.
+    /// The name the run's sandboxes are leased under: its output directory's, and for a
+    /// shard the shared directory's with it (every run has a `shard-0-of-4`).
     pub fn run_id(&self) -> String {
-        self.out_dir
-            .file_name()
-            .map_or_else(|| "eval".to_string(), |n| n.to_string_lossy().into_owned())
+        let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+        let own = name(&self.out_dir).unwrap_or_else(|| "eval".to_string());
+        match (self.shard, self.out_dir.parent().and_then(name)) {
+            (Some(_), Some(shared)) => format!("{shared}-{own}"),
+            _ => own,
+        }
     }
 
     /// The pool the tasks run on: leases long enough for the longest episode any task may
@@ -176,21 +229,6 @@ fn harness(name: &str) -> Result<Harness, PlanError> {
     })
 }
 
-fn parse_shard(s: &str) -> Result<(u32, u32), PlanError> {
-    let bad = || {
-        PlanError::Usage(format!(
-            "--shard {s:?}: expected I/N with 0 <= I < N, e.g. 0/4"
-        ))
-    };
-    let (i, n) = s.split_once('/').ok_or_else(bad)?;
-    let i: u32 = i.trim().parse().map_err(|_| bad())?;
-    let n: u32 = n.trim().parse().map_err(|_| bad())?;
-    if n == 0 || i >= n {
-        return Err(bad());
-    }
-    Ok((i, n))
-}
-
 fn default_out_dir() -> PathBuf {
     let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let compact: String = stamp
@@ -206,14 +244,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shards_are_i_of_n() {
-        assert_eq!(parse_shard("0/4").unwrap(), (0, 4));
-        assert_eq!(parse_shard(" 3 / 4 ").unwrap(), (3, 4));
-        for bad in ["4/4", "1/0", "x/2", "1", "-1/2"] {
-            assert!(
-                matches!(parse_shard(bad), Err(PlanError::Usage(_))),
-                "{bad}"
-            );
+    fn shard_directories_are_named_i_of_n() {
+        assert_eq!(shard_count_of("shard-3-of-4"), Some(4));
+        for other in [
+            "shard-3-of-",
+            "shard-x-of-4",
+            "shard-3-4",
+            "results.jsonl",
+            "shard-1-of-4x",
+        ] {
+            assert_eq!(shard_count_of(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_shared_directory_of_another_split_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = |index, count| Shard { index, count };
+        other_split(&dir.path().join("missing"), shard(0, 4)).unwrap();
+        std::fs::create_dir(dir.path().join("shard-1-of-4")).unwrap();
+        other_split(dir.path(), shard(0, 4)).unwrap();
+        match other_split(dir.path(), shard(0, 2)) {
+            Err(PlanError::Usage(m)) => assert!(m.contains("shard-1-of-4"), "{m}"),
+            other => panic!("{other:?}"),
         }
     }
 }
