@@ -136,7 +136,7 @@ mod tests {
         let p = dir.path().join("f.jsonl");
         std::fs::write(&p, text).unwrap();
         let mut out = Vec::new();
-        each_line(&p, 1 << 20, "file", |l| {
+        each_line(&p, 1 << 30, "file", |l| {
             out.push(match l {
                 Line::Text {
                     number,
