@@ -32,7 +32,7 @@ fn bash(command: &str) -> String {
         .to_string()
 }
 
-/// A real run of four tasks: two pass, one fails its verify with three lines of output, and
+/// A real run of four tasks: two pass, one fails its verify with seven lines of output, and
 /// one passes on its second attempt (its runner killed mid tool call).
 fn real_run(env: &Env) {
     let tasks = env.write_tasks(&[
@@ -48,7 +48,7 @@ fn real_run(env: &Env) {
         task(
             "wrong",
             &format!(
-                r#""verify": "echo checking; echo want 7; echo got 8; exit 1", "model_script": [{}, {SUBMIT}]"#,
+                r#""verify": "echo checking; for i in 1 2 3 4; do echo line $i; done; echo want 7; echo got 8; exit 1", "model_script": [{}, {SUBMIT}]"#,
                 bash("echo 8 > out.txt")
             ),
         ),
@@ -143,7 +143,11 @@ fn a_real_run_is_summed_up_and_its_trajectories_validate_with_harbor() {
     let f = &r.failures[0];
     assert_eq!((f.id.as_str(), f.status.as_str()), ("wrong", "failed"));
     assert_eq!(f.verify_exit_code, Some(1));
-    assert_eq!(f.verify_tail, ["checking", "want 7", "got 8"]);
+    // The last five lines of seven.
+    assert_eq!(
+        f.verify_tail,
+        ["line 2", "line 3", "line 4", "want 7", "got 8"]
+    );
     assert!(r.notes.is_empty(), "{:?}", r.notes);
 
     // The terminal says the same.

@@ -8,11 +8,14 @@ use wmo_e2b::analysis::{atif, document, text};
 use super::Exit;
 
 /// Reads finished eval runs and says how they went.
-///
-/// Each DIR is an eval's --out directory, or a directory of shard-I-of-N/ ones (merged:
-/// duplicate ids, absent shards, and shards of different provenance are noted). Exits 0 when
-/// the runs were read (whatever their verdicts), 2 when a directory holds no results.
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Each DIR is an eval's --out directory, or a directory of shard-I-of-N/ \
+ones; all are merged (duplicate ids, absent shards, and shards of different provenance are \
+noted). A torn last line, a result without a transcript and a transcript without a result \
+are notes too.\n\nExit codes:\n  0  the runs were read, whatever their verdicts\n  2  a \
+directory with no results, a tasks file that does not parse, bad options"
+)]
 pub struct ReportArgs {
     /// Run directories (or directories of shard-I-of-N/ run directories), merged into one.
     #[arg(required = true, value_name = "DIR")]
