@@ -3,6 +3,7 @@
 //! The binary (`src/main.rs`, `src/commands/`) only parses, wires and prints; everything a
 //! test needs to reach lives in these modules.
 
+pub mod analysis;
 pub mod backoff;
 pub mod cancel;
 pub mod channel;

@@ -9,9 +9,10 @@ use clap::{Parser, Subcommand};
 /// The exit codes every command shares, shown under `wmo-e2b --help`.
 const EXIT_CODES: &str = "\
 Exit codes:
-  0    success (eval: every task passed)
+  0    success (eval: every task passed; report: the run was read, whatever its verdicts)
   1    eval finished but some task failed, errored or was cancelled
-  2    bad usage or input: options, the tasks file, a skills directory, an --out another eval is writing to
+  2    bad usage or input: options, the tasks file, a skills directory, an --out another eval is writing to,
+       a report directory with no results
   3    infrastructure failure: a backend that cannot start, a model API that refuses the key
        or does not know the model, results that cannot be written, sandboxes whose kill
        could not be proven
@@ -32,6 +33,9 @@ struct Cli {
 enum Command {
     /// Run a tasks file (JSON Lines) in pooled sandboxes and write results as they finish.
     Eval(Box<commands::eval::EvalArgs>),
+    /// Summarize finished eval runs (shards merged), compare with a baseline, export
+    /// trajectories in ATIF.
+    Report(commands::report::ReportArgs),
     /// Kill sandboxes that dead runs left behind (never one a live run holds).
     Reap(commands::reap::ReapArgs),
     /// Persistent project sandboxes: create, put, get, exec, stage, snapshot, list, close.
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Eval(args) => commands::eval::run(*args),
+        Command::Report(args) => commands::report::run(args),
         Command::Reap(args) => commands::reap::run(args),
         Command::Sandbox(cmd) => commands::sandbox::run(cmd),
         Command::Project(cmd) => commands::project::run(cmd),

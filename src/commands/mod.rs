@@ -5,6 +5,7 @@ pub mod emulator;
 pub mod eval;
 pub mod project;
 pub mod reap;
+pub mod report;
 pub mod sandbox;
 
 /// Documented exit codes (`wmo-e2b --help` lists them).
@@ -275,6 +276,8 @@ pub fn exit_code_of(err: &anyhow::Error) -> Exit {
         c.is::<UsageError>()
             || c.is::<wmo_e2b::task::TaskError>()
             || c.is::<wmo_e2b::skills::SkillError>()
+            || c.downcast_ref::<wmo_e2b::analysis::AnalysisError>()
+                .is_some_and(|e| e.is_bad_input())
     });
     if usage {
         Exit::Usage

@@ -1,0 +1,242 @@
+//! One directory an eval wrote (`--out`, or one `shard-I-of-N/` of it): its records, its
+//! `summary.json`, and which transcripts it holds.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::lines::{each_line, read_small, Line};
+use super::{AnalysisError, Note, MAX_ENTRIES, MAX_RESULTS_BYTES, MAX_SUMMARY_BYTES};
+use crate::episode::TokenMeter;
+
+/// A `results.jsonl` record as read back: every field but `id` may be missing (records of
+/// older builds), and unknown statuses are kept as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub id: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub stop_reason: String,
+    #[serde(default)]
+    pub answer: String,
+    #[serde(default)]
+    pub verify: Option<Verify>,
+    #[serde(default)]
+    pub turns: u32,
+    #[serde(default)]
+    pub tool_calls: u32,
+    #[serde(default)]
+    pub tokens: TokenMeter,
+    #[serde(default)]
+    pub sandbox: SandboxSeconds,
+    #[serde(default)]
+    pub timings: Timings,
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub cost: Option<Cost>,
+    #[serde(default)]
+    pub provenance: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verify {
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub timed_out: bool,
+    #[serde(default)]
+    pub output_tail: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SandboxSeconds {
+    #[serde(default)]
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    #[serde(default)]
+    pub acquire: f64,
+    #[serde(default)]
+    pub episode: f64,
+    #[serde(default)]
+    pub verify: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    pub usd: f64,
+}
+
+impl Record {
+    /// Seconds from asking for a sandbox to the verdict.
+    pub fn task_seconds(&self) -> f64 {
+        self.timings.acquire + self.timings.episode + self.timings.verify
+    }
+
+    pub fn passed(&self) -> bool {
+        self.status == "passed"
+    }
+
+    /// Whether the task has a verdict: it ran and was scored. Cancelled and skipped tasks,
+    /// and those the model API could not serve, were not.
+    pub fn judged(&self) -> bool {
+        match self.status.as_str() {
+            "passed" | "failed" => true,
+            "error" => self.stop_reason != "provider_error",
+            _ => false,
+        }
+    }
+}
+
+/// One directory's contents.
+#[derive(Debug, Clone)]
+pub struct Shard {
+    pub dir: PathBuf,
+    /// How the shard is named to the user: the directory as given.
+    pub label: String,
+    /// Records in file order, one per id (a task `--resume` ran again keeps its last line).
+    pub records: Vec<Record>,
+    pub summary: Option<Value>,
+    /// Transcript files by task id.
+    pub transcripts: BTreeMap<String, PathBuf>,
+}
+
+impl Shard {
+    /// What made the shard: its summary's provenance, else its first record's.
+    pub fn provenance(&self) -> Option<&Value> {
+        self.summary
+            .as_ref()
+            .and_then(|s| s.get("provenance"))
+            .filter(|p| p.is_object())
+            .or_else(|| self.records.iter().find_map(|r| r.provenance.as_ref()))
+    }
+}
+
+/// Reads `dir` (which holds `results.jsonl`), adding what does not add up to `notes`.
+pub fn load_shard(
+    dir: &Path,
+    label: String,
+    notes: &mut Vec<Note>,
+) -> Result<Shard, AnalysisError> {
+    let results = dir.join("results.jsonl");
+    let file = results.display().to_string();
+    let mut by_id: BTreeMap<String, usize> = BTreeMap::new();
+    let mut records: Vec<Record> = Vec::new();
+    each_line(
+        &results,
+        MAX_RESULTS_BYTES,
+        "results file",
+        |line| match line {
+            Line::Oversized { number, bytes } => notes.push(Note::UnreadableLine {
+                file: file.clone(),
+                line: number,
+                why: format!("{bytes} bytes, over the line limit"),
+            }),
+            Line::Text {
+                number,
+                bytes,
+                last_unterminated,
+            } => match serde_json::from_slice::<Record>(bytes) {
+                Ok(r) => match by_id.get(&r.id) {
+                    Some(&i) => records[i] = r,
+                    None => {
+                        by_id.insert(r.id.clone(), records.len());
+                        records.push(r);
+                    }
+                },
+                Err(_) if last_unterminated => notes.push(Note::TornLastLine {
+                    file: file.clone(),
+                    line: number,
+                }),
+                Err(e) => notes.push(Note::UnreadableLine {
+                    file: file.clone(),
+                    line: number,
+                    why: e.to_string(),
+                }),
+            },
+        },
+    )?;
+    let summary = match read_small(&dir.join("summary.json"), MAX_SUMMARY_BYTES, "summary.json")? {
+        None => {
+            notes.push(Note::NoSummary {
+                shard: label.clone(),
+            });
+            None
+        }
+        Some(bytes) => match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                notes.push(Note::UnreadableSummary {
+                    shard: label.clone(),
+                    why: e.to_string(),
+                });
+                None
+            }
+        },
+    };
+    let transcripts = list_transcripts(&dir.join("transcripts"))?;
+    for r in &records {
+        if !transcripts.contains_key(&r.id) && r.status != "skipped" {
+            notes.push(Note::NoTranscript {
+                id: r.id.clone(),
+                shard: label.clone(),
+            });
+        }
+    }
+    for id in transcripts.keys() {
+        if !by_id.contains_key(id) {
+            notes.push(Note::OrphanTranscript {
+                id: id.clone(),
+                shard: label.clone(),
+            });
+        }
+    }
+    Ok(Shard {
+        dir: dir.to_path_buf(),
+        label,
+        records,
+        summary,
+        transcripts,
+    })
+}
+
+/// `transcripts/<id>.jsonl` files by id; a missing directory holds none.
+fn list_transcripts(dir: &Path) -> Result<BTreeMap<String, PathBuf>, AnalysisError> {
+    let mut out = BTreeMap::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(source) => {
+            return Err(AnalysisError::Read {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    for (n, entry) in entries.enumerate() {
+        if n >= MAX_ENTRIES {
+            return Err(AnalysisError::TooManyEntries {
+                path: dir.to_path_buf(),
+                limit: MAX_ENTRIES,
+            });
+        }
+        let entry = entry.map_err(|source| AnalysisError::Read {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let name = entry.file_name();
+        let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".jsonl")) else {
+            continue;
+        };
+        out.insert(id.to_string(), entry.path());
+    }
+    Ok(out)
+}

@@ -1,0 +1,211 @@
+//! The report as terminal text.
+
+use std::fmt::Write;
+
+use super::compare::{Comparison, Delta, Flip};
+use super::stats::{Percentiles, Summary};
+use super::Report;
+
+/// Failing tasks listed in full; the rest are counted.
+const SHOWN_FAILURES: usize = 50;
+/// Notes listed in full; the rest are counted.
+const SHOWN_NOTES: usize = 50;
+
+pub fn render(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = write_report(&mut out, r);
+    out
+}
+
+fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
+    writeln!(o, "run: {}", r.runs.join(", "))?;
+    if r.shards.len() > 1 || r.shards != r.runs {
+        writeln!(o, "shards: {} ({})", r.shards.len(), r.shards.join(", "))?;
+    }
+    write_summary(o, &r.summary)?;
+    if !r.failures.is_empty() {
+        writeln!(o, "\nnot passed ({}):", r.failures.len())?;
+        for f in r.failures.iter().take(SHOWN_FAILURES) {
+            write!(o, "  {}  {} / {}", f.id, f.status, f.stop_reason)?;
+            match (f.verify_exit_code, f.verify_timed_out) {
+                (_, true) => write!(o, "  verify timed out")?,
+                (Some(code), false) => write!(o, "  verify exit {code}")?,
+                (None, false) => {}
+            }
+            writeln!(o)?;
+            if let Some(e) = &f.error {
+                writeln!(o, "      error: {}", one_line(e))?;
+            }
+            for line in &f.verify_tail {
+                writeln!(o, "      | {line}")?;
+            }
+        }
+        if r.failures.len() > SHOWN_FAILURES {
+            writeln!(o, "  ... and {} more", r.failures.len() - SHOWN_FAILURES)?;
+        }
+    }
+    if let Some(c) = &r.compare {
+        write_compare(o, c)?;
+    }
+    write_notes(o, "notes", &r.notes)?;
+    write_notes(o, "baseline notes", &r.baseline_notes)
+}
+
+fn write_summary(o: &mut String, s: &Summary) -> std::fmt::Result {
+    match (s.pass_rate, s.pass_rate_ci95) {
+        (Some(p), Some([lo, hi])) => writeln!(
+            o,
+            "pass rate: {:.1}% ({} of {} judged; 95% CI {:.1}%-{:.1}%), {} tasks",
+            p * 100.0,
+            s.passed,
+            s.judged,
+            lo * 100.0,
+            hi * 100.0,
+            s.tasks
+        )?,
+        _ => writeln!(o, "pass rate: n/a (no judged task), {} tasks", s.tasks)?,
+    }
+    writeln!(o, "status: {}", counts(&s.by_status))?;
+    writeln!(o, "stop reason: {}", counts(&s.by_stop_reason))?;
+    let t = &s.tokens;
+    writeln!(
+        o,
+        "tokens: {} in ({} cached), {} out ({} reasoning), {} model calls",
+        t.input, t.cached_input, t.output, t.reasoning, t.calls
+    )?;
+    write!(o, "sandbox-seconds: {:.1} in tasks", s.sandbox_seconds)?;
+    if let Some(pool) = s.run_sandbox_seconds {
+        write!(o, ", {pool:.1} in all")?;
+    }
+    writeln!(o)?;
+    if let Some(usd) = s.cost_usd {
+        writeln!(
+            o,
+            "cost: ${usd:.4} ({} of {} tasks priced)",
+            s.costed_tasks, s.tasks
+        )?;
+    }
+    if let Some(w) = s.wall_seconds {
+        writeln!(o, "wall: {w:.1}s")?;
+    }
+    if let Some(p) = &s.task_seconds {
+        writeln!(o, "per task: {}", pct(p))?;
+    }
+    if let Some(p) = &s.episode_seconds {
+        writeln!(o, "per episode: {}", pct(p))?;
+    }
+    if s.retried_tasks > 0 {
+        writeln!(
+            o,
+            "retried: {} task(s) took more than one attempt",
+            s.retried_tasks
+        )?;
+    }
+    Ok(())
+}
+
+fn write_compare(o: &mut String, c: &Comparison) -> std::fmt::Result {
+    writeln!(o, "\ncompared with {}:", c.baseline.join(", "))?;
+    writeln!(o, "  pass rate: {}", delta(&c.pass_rate, 100.0, "%"))?;
+    writeln!(o, "  tokens: {}", delta(&c.tokens, 1.0, ""))?;
+    writeln!(
+        o,
+        "  sandbox-seconds: {}",
+        delta(&c.sandbox_seconds, 1.0, "s")
+    )?;
+    writeln!(
+        o,
+        "  per-task p50: {}",
+        delta(&c.task_seconds_p50, 1.0, "s")
+    )?;
+    writeln!(o, "  wall: {}", delta(&c.wall_seconds, 1.0, "s"))?;
+    flips(o, "passed -> not passed", &c.now_failing)?;
+    flips(o, "not passed -> passed", &c.now_passing)?;
+    ids(o, "new (not in the baseline)", &c.new)?;
+    ids(o, "missing (only in the baseline)", &c.missing)
+}
+
+fn flips(o: &mut String, title: &str, list: &[Flip]) -> std::fmt::Result {
+    if list.is_empty() {
+        return Ok(());
+    }
+    writeln!(o, "  {title} ({}):", list.len())?;
+    for f in list.iter().take(SHOWN_FAILURES) {
+        writeln!(o, "    {}  {} -> {}", f.id, f.before, f.after)?;
+    }
+    Ok(())
+}
+
+fn ids(o: &mut String, title: &str, list: &[String]) -> std::fmt::Result {
+    if list.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<&str> = list
+        .iter()
+        .take(SHOWN_FAILURES)
+        .map(String::as_str)
+        .collect();
+    let more = if list.len() > shown.len() {
+        ", ..."
+    } else {
+        ""
+    };
+    writeln!(o, "  {title} ({}): {}{more}", list.len(), shown.join(", "))
+}
+
+fn write_notes(o: &mut String, title: &str, notes: &[super::Note]) -> std::fmt::Result {
+    if notes.is_empty() {
+        return Ok(());
+    }
+    writeln!(o, "\n{title} ({}):", notes.len())?;
+    for n in notes.iter().take(SHOWN_NOTES) {
+        writeln!(o, "  {n}")?;
+    }
+    if notes.len() > SHOWN_NOTES {
+        writeln!(
+            o,
+            "  ... and {} more (all of them with --json)",
+            notes.len() - SHOWN_NOTES
+        )?;
+    }
+    Ok(())
+}
+
+fn counts(m: &std::collections::BTreeMap<String, usize>) -> String {
+    let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn pct(p: &Percentiles) -> String {
+    format!(
+        "p50 {:.2}s, p90 {:.2}s, p99 {:.2}s, max {:.2}s",
+        p.p50, p.p90, p.p99, p.max
+    )
+}
+
+fn delta(d: &Delta, scale: f64, unit: &str) -> String {
+    let f = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.1}{unit}", v * scale));
+    match d.change {
+        Some(c) => format!(
+            "{} -> {} ({}{:.1}{unit})",
+            f(d.baseline),
+            f(d.current),
+            if c >= 0.0 { "+" } else { "" },
+            c * scale
+        ),
+        None => format!("{} -> {}", f(d.baseline), f(d.current)),
+    }
+}
+
+fn one_line(s: &str) -> String {
+    let line = s.lines().next().unwrap_or("");
+    if line.chars().count() > 200 {
+        line.chars().take(200).collect::<String>() + "..."
+    } else {
+        line.to_string()
+    }
+}
