@@ -27,6 +27,10 @@ fi
 venv=target/atif-venv
 reqs=scripts/atif-requirements.txt
 stamp="$("$py" --version 2>&1) $(cksum < "$reqs")"
+mkdir -p target
+# Tests run in parallel processes: one builds the venv while the others wait for it.
+exec 9> target/atif-venv.lock
+flock 9
 if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.wmo-stamp" 2>/dev/null)" != "$stamp" ]]; then
   echo "atif-venv.sh: creating $venv" >&2
   rm -rf "$venv"
