@@ -287,7 +287,7 @@ fn run_provenance(
     pi_lock: Option<&std::path::Path>,
     skills: Option<&wmo_e2b::skills::SkillSet>,
 ) -> Result<Provenance> {
-    let tasks = std::fs::read(&args.tasks)
+    let tasks_digest = wmo_e2b::digest::sha256_file(&args.tasks)
         .with_context(|| format!("cannot read {}", args.tasks.display()))?;
     let (harness, harness_digest) = provenance::harness_of(&plan.harness, pi_lock);
     let scripted = args.model == "scripted";
@@ -313,7 +313,7 @@ fn run_provenance(
             .flatten(),
         skills: skills.map(|s| format!("sha256:{}", s.digest())),
         tasks_file: TasksFile {
-            sha256: wmo_e2b::digest::sha256(&tasks),
+            sha256: tasks_digest,
             line: None,
         },
     };

@@ -88,7 +88,8 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
     }
     let shard = opts.shard;
     let harness = harness(&opts.harness)?;
-    let all = task::load_tasks(&opts.tasks_file)?;
+    // Every line is checked; only this shard's tasks are kept.
+    let all = task::load_tasks_where(&opts.tasks_file, |t| shard.is_none_or(|s| s.holds(&t.id)))?;
     let base = opts.out.clone().unwrap_or_else(default_out_dir);
     let out_dir = match shard {
         Some(s) => {
@@ -112,7 +113,6 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
     let mut skipped = 0;
     let tasks = all
         .into_iter()
-        .filter(|t| shard.is_none_or(|s| s.holds(&t.id)))
         .filter(|t| {
             let keep = !done.contains(&t.id);
             skipped += usize::from(!keep);
