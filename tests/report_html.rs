@@ -23,10 +23,10 @@ fn call(name: &str, arguments: Value) -> Value {
     json!({"tool_calls": [{"name": name, "arguments": arguments}]})
 }
 
-/// A real run of three tasks: `add` passes after two bash calls, `plain` submits at once,
+/// A real run of three tasks (with metadata: suite arith, arith, web; level 2 but on plain): `add` passes after two bash calls, `plain` submits at once,
 /// and `inject` fails its verify; its tool output, answer and verify output carry markup,
 /// and its tool call's arguments are over the page's 64 KiB bound.
-fn real_run(env: &Env) {
+fn real_run(env: &Env) -> PathBuf {
     let add = json!([
         call("bash", json!({"command": "cat in.txt"})),
         call("bash", json!({"command": "echo 7 > out.txt"})),
@@ -43,19 +43,23 @@ fn real_run(env: &Env) {
         task(
             "add",
             &format!(
-                r#""files": {{"in.txt": "3 4"}}, "verify": "test \"$(cat out.txt)\" = 7", "model_script": {add}"#
+                r#""metadata": {{"suite": "arith", "level": 2}}, "files": {{"in.txt": "3 4"}}, "verify": "test \"$(cat out.txt)\" = 7", "model_script": {add}"#
             ),
         ),
-        task("plain", &format!(r#""model_script": [{SUBMIT}]"#)),
+        task(
+            "plain",
+            &format!(r#""metadata": {{"suite": "arith"}}, "model_script": [{SUBMIT}]"#),
+        ),
         task(
             "inject",
             &format!(
-                r#""verify": "echo '<i id=\"pwned2\">v</i>'; exit 1", "model_script": {inject}"#
+                r#""metadata": {{"suite": "web", "level": 2}}, "verify": "echo '<i id=\"pwned2\">v</i>'; exit 1", "model_script": {inject}"#
             ),
         ),
     ]);
     let o = env.eval(&tasks, &["-j", "2"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    tasks
 }
 
 /// The chromium binary; when missing, `scripts/system-deps.sh` installs it (as root), and
@@ -172,12 +176,14 @@ fn no_injected_elements(dom: &str) {
 #[test]
 fn the_html_report_renders_in_a_browser_and_keeps_run_data_as_text() {
     let env = Env::new();
-    real_run(&env);
+    let tasks = real_run(&env);
     let page = env.path("report.html");
     let out = env.out();
     let o = env.run(&[
         "report",
         out.to_str().unwrap(),
+        "--tasks",
+        tasks.to_str().unwrap(),
         "--html",
         page.to_str().unwrap(),
     ]);
@@ -216,6 +222,9 @@ fn the_html_report_renders_in_a_browser_and_keeps_run_data_as_text() {
     assert!(failed.contains("1 of 3 tasks"));
     let searched = b.dom(&page, "q=pla&sort=id&desc=1");
     assert_eq!(row_ids(&searched), ["plain"]);
+    // Metadata from the tasks file: a filter per key, set in the fragment as m.KEY.
+    assert_eq!(row_ids(&b.dom(&page, "m.suite=arith")), ["add", "plain"]);
+    assert_eq!(row_ids(&b.dom(&page, "m.suite=arith&m.level=2")), ["add"]);
     let sorted = b.dom(&page, "sort=tools&desc=1");
     assert_eq!(row_ids(&sorted)[0], "add", "three tool calls sort first");
 

@@ -5,6 +5,7 @@
 // Run data is only ever set as textContent.
 (function () {
   const MAX_ROWS = 1000;
+  const MAX_META_KEYS = 10, MAX_META_VALUES = 100;
   const FOLD_CHARS = 2000, FOLD_LINES = 20;
   const rows = JSON.parse(document.getElementById("tasks-data").textContent);
   const index = new Map(rows.map((r, i) => [r.id, i]));
@@ -19,6 +20,8 @@
   function readHash() {
     const p = new URLSearchParams(location.hash.slice(1));
     for (const k of ["status", "stop", "q", "task"]) st[k] = p.get(k) || "";
+    st.meta = {};
+    for (const [k, v] of p) if (k.startsWith("m.") && v) st.meta[k.slice(2)] = v;
     st.sort = p.get("sort") || "id";
     st.desc = p.get("desc") === "1";
   }
@@ -26,12 +29,13 @@
     Object.assign(st, change);
     const p = new URLSearchParams();
     for (const k of ["status", "stop", "q", "task"]) if (st[k]) p.set(k, st[k]);
+    for (const [k, v] of Object.entries(st.meta)) if (v) p.set("m." + k, v);
     if (st.sort !== "id") p.set("sort", st.sort);
     if (st.desc) p.set("desc", "1");
     location.hash = p.toString();
   }
-  function options(sel, key) {
-    const seen = [...new Set(rows.map((r) => r[key]))].sort();
+  function options(sel, values) {
+    const seen = [...new Set(values)].sort();
     for (const v of seen) {
       const o = el("option", "", v === "" ? "(none)" : v);
       o.value = v;
@@ -49,11 +53,15 @@
     $("f-status").value = st.status;
     $("f-stop").value = st.stop;
     if ($("f-q").value !== st.q) $("f-q").value = st.q;
+    for (const [k, sel] of metaSelects) sel.value = st.meta[k] || "";
     const q = st.q.toLowerCase();
+    const meta = Object.entries(st.meta);
     const hit = rows.filter((r) =>
       (!st.status || r.status === st.status) &&
       (!st.stop || r.stop === st.stop) &&
-      (!q || [r.id, r.status, r.stop, r.answer, r.error, r.shard].some((s) => String(s).toLowerCase().includes(q))));
+      meta.every(([k, v]) => r.meta && r.meta[k] === v) &&
+      (!q || [r.id, r.status, r.stop, r.answer, r.error, r.shard, ...Object.values(r.meta || {})]
+        .some((s) => String(s).toLowerCase().includes(q))));
     hit.sort((a, b) => (st.desc ? -cmp(a, b) : cmp(a, b)));
     const body = el("tbody");
     for (const r of hit.slice(0, MAX_ROWS)) {
@@ -159,8 +167,24 @@
     sec.appendChild(cols);
   }
   function draw() { readHash(); drawTable(); drawTask(); }
-  options($("f-status"), "status");
-  options($("f-stop"), "stop");
+  options($("f-status"), rows.map((r) => r.status));
+  options($("f-stop"), rows.map((r) => r.stop));
+  // A filter for each metadata key the tasks carry, when its values are few enough to list.
+  const metaSelects = new Map();
+  const keys = [...new Set(rows.flatMap((r) => Object.keys(r.meta || {})))].sort();
+  for (const k of keys.slice(0, MAX_META_KEYS)) {
+    const values = rows.map((r) => (r.meta || {})[k]).filter((v) => v !== undefined);
+    if (new Set(values).size > MAX_META_VALUES) continue;
+    const label = el("label", "", k + " ");
+    const sel = el("select");
+    sel.id = "f-m-" + metaSelects.size;
+    sel.appendChild(el("option", "", "all")).value = "";
+    options(sel, values);
+    sel.addEventListener("change", (e) => setHash({ meta: { ...st.meta, [k]: e.target.value } }));
+    label.appendChild(sel);
+    $("filters").insertBefore(label, $("shown"));
+    metaSelects.set(k, sel);
+  }
   $("f-status").addEventListener("change", (e) => setHash({ status: e.target.value }));
   $("f-stop").addEventListener("change", (e) => setHash({ stop: e.target.value }));
   $("f-q").addEventListener("change", (e) => setHash({ q: e.target.value }));

@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::compare::Comparison;
 use super::conversation::{clip, conversation};
@@ -31,6 +31,12 @@ const SHOWN_NOTES: usize = 200;
 /// Characters of an answer or error kept in the table's data (for search and the row).
 const ROW_TEXT: usize = 200;
 
+/// Most metadata keys of a task the table carries.
+const MAX_META_KEYS: usize = 20;
+
+/// Task metadata by id (from the tasks file), for the table's filters.
+pub type Metadata = BTreeMap<String, Map<String, Value>>;
+
 /// Writes the page for `report` (with the transcripts of `run`, and of `baseline` for the
 /// tasks whose verdict flipped) to `path`.
 pub fn write(
@@ -38,6 +44,7 @@ pub fn write(
     report: &Report,
     run: &Run,
     baseline: Option<&Run>,
+    metadata: &Metadata,
 ) -> Result<(), AnalysisError> {
     let name = path.file_name().map_or_else(
         || "report.html".into(),
@@ -50,7 +57,7 @@ pub fn write(
     };
     let result = std::fs::File::create(&tmp).and_then(|f| {
         let mut w = BufWriter::with_capacity(1 << 20, f);
-        page(&mut w, report, run, baseline)?;
+        page(&mut w, report, run, baseline, metadata)?;
         w.flush()?;
         w.into_inner().map_err(|e| e.into_error())?.sync_all()
     });
@@ -66,6 +73,7 @@ fn page(
     report: &Report,
     run: &Run,
     baseline: Option<&Run>,
+    metadata: &Metadata,
 ) -> std::io::Result<()> {
     let title = format!("wmo-e2b report: {}", report.runs.join(", "));
     write!(
@@ -94,11 +102,15 @@ fn page(
         let flip = flips.get(r.id.as_str()).copied();
         let base = flip.and_then(|_| base_transcripts.get(r.id.as_str()).copied());
         with_base.push(base);
-        rows.push(row(r, &run.shards[s].label, flip, base.is_some()));
+        let mut v = row(r, &run.shards[s].label, flip, base.is_some());
+        if let Some(m) = metadata.get(&r.id) {
+            v["meta"] = meta(m);
+        }
+        rows.push(v);
     }
-    write!(
+    writeln!(
         w,
-        "<script type=\"application/json\" id=\"tasks-data\">{}</script>\n",
+        "<script type=\"application/json\" id=\"tasks-data\">{}</script>",
         script_json(&Value::Array(rows).to_string())
     )?;
     for (i, (r, &s)) in run.records.iter().zip(&run.shard_of).enumerate() {
@@ -116,13 +128,13 @@ fn page(
             embed(w, &format!("bt-{i}"), &conv)?;
         }
     }
-    write!(w, "<script>{SCRIPT}</script>\n</body></html>\n")
+    writeln!(w, "<script>{SCRIPT}</script>\n</body></html>")
 }
 
 fn embed(w: &mut impl Write, id: &str, v: &Value) -> std::io::Result<()> {
-    write!(
+    writeln!(
         w,
-        "<script type=\"application/json\" id=\"{id}\">{}</script>\n",
+        "<script type=\"application/json\" id=\"{id}\">{}</script>",
         script_json(&v.to_string())
     )
 }
@@ -187,6 +199,20 @@ fn row(r: &Record, shard: &str, flip: Option<&str>, base: bool) -> Value {
         "answer": short(&r.answer),
         "error": r.error.as_deref().map(short).unwrap_or_default(),
     })
+}
+
+/// A task's scalar metadata as text (objects and arrays are left out: they make no filter).
+fn meta(m: &Map<String, Value>) -> Value {
+    let mut o = Map::new();
+    for (k, v) in m.iter().take(MAX_META_KEYS) {
+        let text = match v {
+            Value::String(s) => s.clone(),
+            Value::Number(_) | Value::Bool(_) => v.to_string(),
+            _ => continue,
+        };
+        o.insert(short(k), Value::String(short(&text)));
+    }
+    Value::Object(o)
 }
 
 fn figure(o: &mut String, key: &str, label: &str, value: &str) {
@@ -292,10 +318,10 @@ fn plots_section(run: &Run) -> String {
         plots::color("error"),
         plots::status_by_stop(&run.records)
     );
-    let _ = write!(
+    let _ = writeln!(
         o,
         "<figure><figcaption>seconds per task</figcaption>{}</figure>\
-<figure><figcaption>tokens per task (in + out)</figcaption>{}</figure></div></section>\n",
+<figure><figcaption>tokens per task (in + out)</figcaption>{}</figure></div></section>",
         plots::histogram("plot-seconds", "seconds per task", &secs, "s"),
         plots::histogram("plot-tokens", "tokens per task", &tokens, "tokens"),
     );
@@ -331,9 +357,9 @@ fn compare_section(c: &Comparison) -> String {
         }
         o.push_str("</li>");
     }
-    let _ = write!(
+    let _ = writeln!(
         o,
-        "<li>new tasks: {} · missing tasks: {}</li></ul></section>\n",
+        "<li>new tasks: {} · missing tasks: {}</li></ul></section>",
         c.new.len(),
         c.missing.len()
     );

@@ -52,14 +52,23 @@ pub fn run(args: ReportArgs) -> anyhow::Result<Exit> {
         eprintln!("wrote {written} trajectories to {}", out.display());
     }
     if let Some(page) = &args.html {
-        // The baseline is read again for the transcripts of flipped tasks; `build` keeps
-        // only its figures.
+        // The baseline is read again for the transcripts of flipped tasks (`build` keeps
+        // only its figures), and the tasks file for its metadata (the table's filters).
         let baseline = if args.compare.is_empty() {
             None
         } else {
             Some(merge::open_run(&args.compare, args.tasks.as_deref())?)
         };
-        html::write(page, &report, &run, baseline.as_ref())
+        let metadata: html::Metadata = match &args.tasks {
+            Some(t) => wmo_e2b::task::load_tasks(t)
+                .map_err(wmo_e2b::analysis::AnalysisError::from)?
+                .into_iter()
+                .filter(|t| !t.metadata.is_empty())
+                .map(|t| (t.id, t.metadata))
+                .collect(),
+            None => Default::default(),
+        };
+        html::write(page, &report, &run, baseline.as_ref(), &metadata)
             .with_context(|| format!("--html {}", page.display()))?;
         eprintln!("wrote {}", page.display());
     }
