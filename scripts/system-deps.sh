@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # System packages wmo-e2b uses that a fresh machine may lack: bubblewrap (`bwrap`, which
-# confines local sandboxes). Run as root it installs them with apt-get; otherwise it says
-# what to install and carries on (local sandboxes then run unconfined, with a warning).
+# confines local sandboxes) and chromium (the headless browser the HTML report's test opens
+# the page in). Run as root it installs them with apt-get; otherwise it says what to install
+# and carries on (local sandboxes then run unconfined, with a warning; the HTML report test
+# fails naming chromium).
 set -euo pipefail
 
 missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing+=(chromium)
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
@@ -13,5 +16,5 @@ if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 else
-  echo "system-deps.sh: missing ${missing[*]}; install it (e.g. sudo apt-get install ${missing[*]})" >&2
+  echo "system-deps.sh: missing ${missing[*]}; install them (e.g. sudo apt-get install ${missing[*]})" >&2
 fi

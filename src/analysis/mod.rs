@@ -6,15 +6,20 @@
 //! summary and transcripts), [`merge`] (shards into one run, naming what does not add up),
 //! [`stats`] (the figures), [`compare`] (a run against a baseline), [`document`] (the
 //! [`Report`] value every output renders), [`text`] (the terminal rendering), [`atif`]
-//! (trajectories in Harbor's ATIF).
+//! (trajectories in Harbor's ATIF), [`html`] (the HTML page, with [`conversation`],
+//! [`plots`] and [`escape`]).
 
 pub mod atif;
 pub mod compare;
+pub mod conversation;
 pub mod document;
+pub mod escape;
+pub mod html;
 pub mod lines;
 pub mod load;
 pub mod merge;
 pub mod notes;
+pub mod plots;
 pub mod stats;
 pub mod text;
 

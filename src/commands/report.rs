@@ -1,9 +1,10 @@
-//! `wmo-e2b report`: read finished runs, print the report (text or JSON), write trajectories.
+//! `wmo-e2b report`: read finished runs, print the report (text or JSON), write trajectories
+//! and the HTML page.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use wmo_e2b::analysis::{atif, document, text};
+use wmo_e2b::analysis::{atif, document, html, merge, text};
 
 use super::Exit;
 
@@ -32,6 +33,10 @@ pub struct ReportArgs {
     /// Write each task's trajectory to OUTDIR/<id>.json in ATIF (ATIF-v1.8).
     #[arg(long, value_name = "OUTDIR")]
     pub atif: Option<PathBuf>,
+    /// Also write the report as one self-contained HTML page (summary, plots, a task table
+    /// that sorts and filters, each task's transcript).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<Exit> {
@@ -45,6 +50,27 @@ pub fn run(args: ReportArgs) -> anyhow::Result<Exit> {
         let written = atif::write_all(&run, out, &mut report.notes)
             .with_context(|| format!("--atif {}", out.display()))?;
         eprintln!("wrote {written} trajectories to {}", out.display());
+    }
+    if let Some(page) = &args.html {
+        // The baseline is read again for the transcripts of flipped tasks (`build` keeps
+        // only its figures), and the tasks file for its metadata (the table's filters).
+        let baseline = if args.compare.is_empty() {
+            None
+        } else {
+            Some(merge::open_run(&args.compare, args.tasks.as_deref())?)
+        };
+        let metadata: html::Metadata = match &args.tasks {
+            Some(t) => wmo_e2b::task::load_tasks(t)
+                .map_err(wmo_e2b::analysis::AnalysisError::from)?
+                .into_iter()
+                .filter(|t| !t.metadata.is_empty())
+                .map(|t| (t.id, t.metadata))
+                .collect(),
+            None => Default::default(),
+        };
+        html::write(page, &report, &run, baseline.as_ref(), &metadata)
+            .with_context(|| format!("--html {}", page.display()))?;
+        eprintln!("wrote {}", page.display());
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
