@@ -317,3 +317,38 @@ fn missing_or_old_node_stops_the_run_with_a_clear_error() {
     assert!(err.contains("v16.20.0"), "{err}");
     assert!(env.live_sandboxes().is_empty());
 }
+
+/// A task runs from the line that was checked, or not at all: a tasks file changed under a
+/// run stops it, naming the line, instead of running something never checked.
+#[test]
+fn a_tasks_file_changed_under_the_run_stops_it_by_name() {
+    let env = Env::new();
+    let slow = task(
+        "slow",
+        &format!(
+            r#""files": {{"started": "1"}}, "model_script": [{{"delay_ms": 1500, "content": "thinking"}}, {SUBMIT}]"#
+        ),
+    );
+    let next = task("next", &format!(r#""model_script": [{SUBMIT}]"#));
+    let tasks = env.write_tasks(&[slow, next]);
+    let mut child = env
+        .eval_cmd(&tasks, &["-j", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the first task to start", Duration::from_secs(30), || {
+        env.sandbox_with("started").is_some()
+    });
+    let text = std::fs::read_to_string(&tasks).unwrap();
+    std::fs::write(&tasks, text.replace("\"next\"", "\"edited\"")).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2") && err.contains("\"next\""), "{err}");
+    assert_eq!(env.result("slow")["status"], "passed");
+    assert!(env
+        .results()
+        .iter()
+        .all(|r| r["id"] != "next" && r["id"] != "edited"));
+}

@@ -34,7 +34,7 @@ use crate::pool::Pool;
 use crate::provider::Provider;
 use crate::skills::SkillSet;
 use crate::sync::{into_inner, lock};
-use crate::task::Task;
+use crate::task::{Task, TaskList};
 pub use budget::SpendPlan;
 pub use control::RunControl;
 pub use results::{ResultsWriter, Status, TaskRecord};
@@ -151,7 +151,8 @@ impl Harness {
 
 /// Everything a run needs, already validated.
 pub struct EvalRun<'a> {
-    pub tasks: &'a [Task],
+    /// The selected tasks, as places in the checked tasks file: each is read when it runs.
+    pub tasks: &'a TaskList,
     pub skipped: usize,
     pub out_dir: &'a Path,
     pub jobs: usize,
@@ -255,21 +256,40 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
         workers.install(|| {
             use rayon::prelude::*;
             // One task per rayon job, so a slow task never holds back a queue of others.
-            run.tasks.par_iter().with_max_len(1).for_each(|task| {
-                // A task a cap keeps from starting is written, so `--resume` finds it.
-                if let Some(why) = budget.refuse_next() {
-                    finish(task, verdict::skipped_record(task, why));
-                    return;
-                }
-                if control.is_cancelled() {
-                    lock(&summary).not_run += 1;
-                    return;
-                }
-                control.emit(EvalEvent::TaskStarted {
-                    id: task.id.clone(),
+            run.tasks
+                .entries()
+                .par_iter()
+                .with_max_len(1)
+                .for_each(|entry| {
+                    if control.is_cancelled() && budget.stopped_by().is_none() {
+                        lock(&summary).not_run += 1;
+                        return;
+                    }
+                    let task = match run.tasks.load(entry) {
+                        Ok(task) => task,
+                        Err(e) => {
+                            // The file changed under the run: what it says now was never
+                            // checked, so nothing more starts.
+                            control.stop(error_chain(&e));
+                            lock(&summary).not_run += 1;
+                            return;
+                        }
+                    };
+                    let task = &task;
+                    // A task a cap keeps from starting is written, so `--resume` finds it.
+                    if let Some(why) = budget.refuse_next() {
+                        finish(task, verdict::skipped_record(task, why));
+                        return;
+                    }
+                    if control.is_cancelled() {
+                        lock(&summary).not_run += 1;
+                        return;
+                    }
+                    control.emit(EvalEvent::TaskStarted {
+                        id: task.id.clone(),
+                    });
+                    finish(task, attempt::run_task(run, task, &transcripts));
                 });
-                finish(task, attempt::run_task(run, task, &transcripts));
-            });
         });
         all_done.store(true, Ordering::Release);
     });

@@ -13,7 +13,7 @@ use super::{Harness, HarnessFiles};
 use crate::pool::{self, PoolConfig};
 use crate::runner::BootstrapOpts;
 use crate::sandbox::{CreateSpec, Metadata};
-use crate::task::{self, Task, TaskError};
+use crate::task::{TaskError, TaskList};
 use crate::tree::{self, TreeBounds};
 
 /// What the user asked for, as the command line says it.
@@ -34,7 +34,7 @@ pub struct EvalOptions {
 
 /// A run, ready to start: its tasks, its harness, and its output directory, locked.
 pub struct EvalPlan {
-    pub tasks: Vec<Task>,
+    pub tasks: TaskList,
     /// Tasks left out because an earlier run finished them.
     pub skipped: usize,
     /// Lines of the earlier results that were unreadable (their tasks run again).
@@ -89,7 +89,9 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
     let shard = opts.shard;
     let harness = harness(&opts.harness)?;
     // Every line is checked; only this shard's tasks are kept.
-    let all = task::load_tasks_where(&opts.tasks_file, |t| shard.is_none_or(|s| s.holds(&t.id)))?;
+    // Every line is checked; only this shard's tasks are kept, as places in the file.
+    let mut tasks =
+        TaskList::index_where(&opts.tasks_file, |t| shard.is_none_or(|s| s.holds(&t.id)))?;
     let base = opts.out.clone().unwrap_or_else(default_out_dir);
     let out_dir = match shard {
         Some(s) => {
@@ -111,14 +113,11 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
         (HashSet::new(), 0, None)
     };
     let mut skipped = 0;
-    let tasks = all
-        .into_iter()
-        .filter(|t| {
-            let keep = !done.contains(&t.id);
-            skipped += usize::from(!keep);
-            keep
-        })
-        .collect();
+    tasks.retain(|t| {
+        let keep = !done.contains(&t.id);
+        skipped += usize::from(!keep);
+        keep
+    });
     Ok(EvalPlan {
         tasks,
         skipped,
@@ -190,10 +189,9 @@ impl EvalPlan {
     ) -> PoolConfig {
         let max_episode = self
             .tasks
-            .iter()
-            .filter_map(|t| t.timeout_s)
+            .max_timeout_s()
             .map(Duration::from_secs_f64)
-            .fold(episode_timeout, Duration::max);
+            .map_or(episode_timeout, |t| t.max(episode_timeout));
         PoolConfig {
             spec: CreateSpec {
                 template,

@@ -1,10 +1,14 @@
 //! Tasks files: JSON Lines, one task per line, validated whole before any sandbox starts.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
+
+mod read;
+
+pub use read::{load_tasks, load_tasks_where, parse_tasks, TaskEntry, TaskList, MAX_LINE_BYTES};
 
 /// One step of a task's `model_script`: what the scripted model answers to one call.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -95,6 +99,14 @@ pub enum TaskError {
     },
     #[error("{path}: the file holds no tasks")]
     Empty { path: PathBuf },
+    /// The file changed after it was checked: a task is never run from a line it was not
+    /// checked on.
+    #[error("{path} changed while the run was using it: line {line} no longer holds task {id:?}; do not edit a tasks file a run is reading (copy it first)")]
+    Changed {
+        path: PathBuf,
+        line: usize,
+        id: String,
+    },
 }
 
 fn bad_lines_text(path: &Path, lines: &[BadLine], more: usize) -> String {
@@ -110,157 +122,6 @@ fn bad_lines_text(path: &Path, lines: &[BadLine], more: usize) -> String {
         ));
     }
     text
-}
-
-/// Reads and validates every line; the error lists every bad line.
-pub fn load_tasks(path: &Path) -> Result<Vec<Task>, TaskError> {
-    load_tasks_where(path, |_| true)
-}
-
-/// Longest tasks-file line read: a longer one is a bad line, not a reason to hold it.
-pub const MAX_LINE_BYTES: usize = 64 << 20;
-
-/// Reads the file a line at a time, validating every line (the error lists every bad one)
-/// and keeping only the tasks `keep` selects, so a large file costs memory for what will
-/// run (a shard's tasks, say), not for all of it.
-pub fn load_tasks_where(
-    path: &Path,
-    keep: impl FnMut(&Task) -> bool,
-) -> Result<Vec<Task>, TaskError> {
-    load_checked(path, MAX_LINE_BYTES, keep)
-}
-
-fn load_checked(
-    path: &Path,
-    max_line: usize,
-    mut keep: impl FnMut(&Task) -> bool,
-) -> Result<Vec<Task>, TaskError> {
-    use std::io::{BufRead, Read};
-    let read_err = |source| TaskError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(read_err)?;
-    let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
-    let mut check = Checker::default();
-    let mut buf = Vec::new();
-    let mut line_no = 0;
-    loop {
-        buf.clear();
-        let n = Read::by_ref(&mut reader)
-            .take(max_line as u64 + 1)
-            .read_until(b'\n', &mut buf)
-            .map_err(read_err)?;
-        if n == 0 {
-            break;
-        }
-        line_no += 1;
-        if buf.len() > max_line && !buf.ends_with(b"\n") {
-            // The rest of an over-long line is skipped: reported, never held.
-            loop {
-                let mut rest = Vec::new();
-                let m = Read::by_ref(&mut reader)
-                    .take(1 << 20)
-                    .read_until(b'\n', &mut rest)
-                    .map_err(read_err)?;
-                if m == 0 || rest.ends_with(b"\n") {
-                    break;
-                }
-            }
-            check.bad(line_no, format!("the line is longer than {max_line} bytes"));
-            continue;
-        }
-        match std::str::from_utf8(&buf) {
-            Ok(text) => {
-                if let Some(task) = check.line(line_no, text) {
-                    if keep(&task) {
-                        check.kept.push(task);
-                    }
-                }
-            }
-            Err(_) => check.bad(line_no, "the line is not UTF-8".into()),
-        }
-    }
-    check.finish(path)
-}
-
-pub fn parse_tasks(path: &Path, text: &str) -> Result<Vec<Task>, TaskError> {
-    let mut check = Checker::default();
-    for (i, line) in text.lines().enumerate() {
-        if let Some(task) = check.line(i + 1, line) {
-            check.kept.push(task);
-        }
-    }
-    check.finish(path)
-}
-
-/// Validates lines one by one: what a tasks file must be, wherever its lines come from.
-#[derive(Default)]
-struct Checker {
-    kept: Vec<Task>,
-    bad: Vec<BadLine>,
-    more: usize,
-    /// Ids of every line that parsed, valid or not: a repeat is a bad line either way.
-    seen: HashSet<String>,
-    /// Tasks on valid lines, kept or not.
-    valid: usize,
-}
-
-impl Checker {
-    /// The task on `line_no`, or `None` (a blank or comment line, or a bad one, recorded).
-    fn line(&mut self, line_no: usize, line: &str) -> Option<Task> {
-        let trimmed = line.trim();
-        if trimmed.is_empty() || trimmed.starts_with("//") {
-            return None;
-        }
-        let seen = &mut self.seen;
-        let checked = parse_line(trimmed).and_then(|task| {
-            if !seen.insert(task.id.clone()) {
-                return Err(format!(
-                    "field `id`: duplicate task id {:?} (ids must be unique)",
-                    task.id
-                ));
-            }
-            validate(&task).map(|()| task)
-        });
-        match checked {
-            Ok(task) => {
-                self.valid += 1;
-                Some(Task {
-                    line: line_no,
-                    ..task
-                })
-            }
-            Err(message) => {
-                self.bad(line_no, message);
-                None
-            }
-        }
-    }
-
-    fn bad(&mut self, line: usize, message: String) {
-        if self.bad.len() >= MAX_BAD_LINES {
-            self.more += 1;
-        } else {
-            self.bad.push(BadLine { line, message });
-        }
-    }
-
-    fn finish(self, path: &Path) -> Result<Vec<Task>, TaskError> {
-        if !self.bad.is_empty() {
-            return Err(TaskError::Invalid {
-                path: path.to_path_buf(),
-                lines: self.bad,
-                more: self.more,
-            });
-        }
-        if self.valid == 0 {
-            return Err(TaskError::Empty {
-                path: path.to_path_buf(),
-            });
-        }
-        Ok(self.kept)
-    }
 }
 
 /// Parses one line, naming the field at fault (serde alone says "invalid type" without
@@ -383,51 +244,6 @@ pub fn shard_of(id: &str, shards: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_streamed_file_keeps_what_is_selected_and_still_checks_every_line() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.jsonl");
-        let ok = |id: &str| format!(r#"{{"id": "{id}", "instruction": "x"}}"#);
-        std::fs::write(&path, [ok("a"), ok("b"), ok("c")].join("\n") + "\n").unwrap();
-        let kept = load_tasks_where(&path, |t| t.id != "b").unwrap();
-        let ids: Vec<(&str, usize)> = kept.iter().map(|t| (t.id.as_str(), t.line)).collect();
-        assert_eq!(ids, [("a", 1), ("c", 3)]);
-
-        // A bad line the selection would not keep still fails the file, by its line.
-        let mut bytes = [ok("a"), "{\"id\": 3}".into(), ok("a")]
-            .join("\n")
-            .into_bytes();
-        bytes.extend_from_slice(b"\n\xff\xfe\n");
-        std::fs::write(&path, &bytes).unwrap();
-        let Err(TaskError::Invalid { lines, .. }) = load_tasks_where(&path, |_| false) else {
-            panic!("a bad file loaded");
-        };
-        let at: Vec<usize> = lines.iter().map(|l| l.line).collect();
-        assert_eq!(at, [2, 3, 4], "{lines:?}");
-        assert!(lines[1].message.contains("duplicate"), "{lines:?}");
-        assert!(lines[2].message.contains("UTF-8"), "{lines:?}");
-    }
-
-    #[test]
-    fn an_over_long_line_is_a_bad_line_and_the_next_one_still_reads() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.jsonl");
-        let long = format!(r#"{{"id": "long", "instruction": "{}"}}"#, "x".repeat(300));
-        let text = format!("{long}\n{{\"id\": \"b\", \"instruction\": \"y\"}}\n");
-        std::fs::write(&path, text).unwrap();
-        let Err(TaskError::Invalid { lines, .. }) = load_checked(&path, 100, |_| true) else {
-            panic!("an over-long line loaded");
-        };
-        assert_eq!(lines.len(), 1, "{lines:?}");
-        assert_eq!(lines[0].line, 1);
-        assert!(
-            lines[0].message.contains("longer than 100 bytes"),
-            "{lines:?}"
-        );
-        let kept = load_checked(&path, 1000, |_| true).unwrap();
-        assert_eq!(kept.len(), 2);
-    }
 
     fn parse(text: &str) -> Result<Vec<Task>, TaskError> {
         parse_tasks(Path::new("t.jsonl"), text)
