@@ -331,7 +331,7 @@ fn a_tasks_file_changed_under_the_run_stops_it_by_name() {
     );
     let next = task("next", &format!(r#""model_script": [{SUBMIT}]"#));
     let tasks = env.write_tasks(&[slow, next]);
-    let mut child = env
+    let child = env
         .eval_cmd(&tasks, &["-j", "1"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
