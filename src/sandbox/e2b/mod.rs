@@ -29,7 +29,7 @@ mod process;
 mod reuse;
 mod sandbox;
 
-pub use api::{RetryPolicy, SandboxDetail};
+pub use api::{is_idempotency_key, RetryPolicy, SandboxDetail};
 pub use backend::{E2bBackend, E2bCounters, E2bOptions};
 pub use config::{ConfigError, E2bConfig};
 pub use gate::{Clock, CreateRejected, SystemClock};
