@@ -3,9 +3,8 @@
 //! retried on the server's hints (`error::retry_hint`) with one bounded schedule.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -18,6 +17,7 @@ use super::error::{
     api_call_failure, api_failure, call_failure, retry_hint, ApiOp, ApiStatus, Limits, RetryHint,
 };
 use super::gate::Clock;
+use super::retry::{is_idempotency_key, Retries, RetryPolicy};
 use crate::backoff::Backoff;
 use crate::sandbox::{ErrorClass, Killed, Metadata, Result, SandboxError, SandboxSummary};
 
@@ -46,45 +46,6 @@ pub struct NewSandbox {
     /// gets the sandbox the first one made instead of a second. Only a key of the documented
     /// form (1-255 of `[a-z0-9-]`) is sent.
     pub idempotency_key: Option<String>,
-}
-
-/// Whether `key` has the form E2B accepts for `Idempotency-Key`.
-pub fn is_idempotency_key(key: &str) -> bool {
-    (1..=255).contains(&key.len())
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
-
-/// How often and how long a control-plane call is repeated. The waits are the server's
-/// `Retry-After` (at most `max_retry_after`) or else [`Backoff::doubling`] from `base` to
-/// `cap`; `retries` bounds the repeats of one call either way.
-#[derive(Debug, Clone)]
-pub struct RetryPolicy {
-    pub retries: u32,
-    pub base: Duration,
-    pub cap: Duration,
-    /// The longest `Retry-After` honoured; a longer one is cut to this.
-    pub max_retry_after: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            retries: 3,
-            base: Duration::from_millis(100),
-            cap: Duration::from_secs(10),
-            max_retry_after: Duration::from_secs(30),
-        }
-    }
-}
-
-/// Repeats made so far, by the kind of call.
-#[derive(Debug, Default)]
-pub struct Retries {
-    pub create: AtomicU64,
-    pub kill: AtomicU64,
-    pub other: AtomicU64,
 }
 
 /// The parts of a create/connect answer a sandbox handle needs.

@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use ureq::Agent;
 
-use super::api::{is_sandbox_id, Api, NewSandbox, RetryPolicy, SandboxAccess, SandboxDetail};
+use super::api::{is_sandbox_id, Api, NewSandbox, SandboxAccess, SandboxDetail};
 use super::config::{ConfigError, E2bConfig, USER_AGENT};
 use super::envd::Envd;
 use super::error::Limits;
 use super::gate::{shared_gate, Clock, CreateGate, CreateRejected, Slots, SystemClock};
 use super::process::Readers;
+use super::retry::RetryPolicy;
 use super::sandbox::E2bSandbox;
 use crate::sandbox::ledger::TAG_LEASE;
 use crate::sandbox::{
