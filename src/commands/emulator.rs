@@ -21,7 +21,8 @@ pub struct EmulatorArgs {
     #[arg(long, value_name = "KEY")]
     api_key: String,
     /// Injected faults, e.g. create-429=0.2,create-503=0.05,drop-stream=0.05,kill-fail=0.1,
-    /// create-delay-ms=200.
+    /// create-delay-ms=200, settimeout-429=0.5 (also kill, connect, list, info, network),
+    /// create-502-after=0.1, retry-after=1, should-retry=0.
     #[arg(long, value_name = "SPEC", default_value = "")]
     fault: String,
     /// Seed of the fault sequence: the same seed replays the same faults.

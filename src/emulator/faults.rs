@@ -1,6 +1,6 @@
 //! Seeded fault injection: which requests fail, decided by a reproducible random sequence.
 //!
-//! Each fault site (create, stream, kill) draws from its own generator seeded from the run
+//! Each fault site (create, stream, kill, the other calls' 429s, a create's lost answer) draws from its own generator seeded from the run
 //! seed, so the n-th create of a run gets the same outcome for the same seed however many
 //! streams or kills happened in between. Concurrent requests draw in arrival order.
 
@@ -12,13 +12,48 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::http::Response;
 use crate::sync::lock;
 
 /// The seed used when none is given, so two runs without `--seed` inject the same faults.
 pub const DEFAULT_SEED: u64 = 1;
 
+/// A control-plane call other than create that a `CALL-429=RATE` fault can rate-limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    Kill,
+    SetTimeout,
+    Connect,
+    List,
+    Info,
+    Network,
+}
+
+impl Call {
+    pub const ALL: [Call; 6] = [
+        Call::Kill,
+        Call::SetTimeout,
+        Call::Connect,
+        Call::List,
+        Call::Info,
+        Call::Network,
+    ];
+
+    /// The name the fault spec uses (`settimeout` in `settimeout-429`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Call::Kill => "kill",
+            Call::SetTimeout => "settimeout",
+            Call::Connect => "connect",
+            Call::List => "list",
+            Call::Info => "info",
+            Call::Network => "network",
+        }
+    }
+}
+
 /// Fault rates, parsed from `create-429=0.2,create-503=0.05,drop-stream=0.05,kill-fail=0.1,
-/// create-delay-ms=200`.
+/// create-delay-ms=200,settimeout-429=0.5,create-502-after=0.1,retry-after=1,should-retry=0`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FaultSpec {
     /// Share of creates answered 429 (rate limit) without creating anything.
@@ -34,11 +69,21 @@ pub struct FaultSpec {
     /// Cut every stream of a process started with stdin (a runner) after this many events:
     /// a deterministic mid-session drop for tests of durable channels.
     pub drop_stdin_stream_after: Option<u32>,
+    /// Share of each other call (in [`Call::ALL`] order) answered 429 without doing anything.
+    pub call_429: [f64; 6],
+    /// Share of creates answered 502 after the sandbox was made: the answer is lost, the
+    /// sandbox runs. Only an idempotent repeat finds it again.
+    pub create_502_after: f64,
+    /// The `Retry-After` seconds of every injected 429/5xx; 1 when not given.
+    pub retry_after: Option<u64>,
+    /// The `Should-Retry` header of every injected 429/5xx (`should-retry=0|1`); none when
+    /// not given.
+    pub should_retry: Option<bool>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum FaultSpecError {
-    #[error("unknown fault {0:?} (known: create-429, create-503, drop-stream, kill-fail, create-delay-ms, drop-stdin-stream-after)")]
+    #[error("unknown fault {0:?} (known: create-429, create-503, drop-stream, kill-fail, create-delay-ms, drop-stdin-stream-after, create-502-after, retry-after, should-retry, and kill-429, settimeout-429, connect-429, list-429, info-429, network-429)")]
     Unknown(String),
     #[error("fault {name}: {value:?} is not a number")]
     NotANumber { name: String, value: String },
@@ -86,7 +131,19 @@ impl FromStr for FaultSpec {
                 "drop-stdin-stream-after" => {
                     spec.drop_stdin_stream_after = Some(number(Some(1_000_000.0))? as u32)
                 }
-                other => return Err(FaultSpecError::Unknown(other.to_string())),
+                "create-502-after" => spec.create_502_after = number(Some(1.0))?,
+                // At most an hour, as for the create delay.
+                "retry-after" => spec.retry_after = Some(number(Some(3600.0))? as u64),
+                "should-retry" => spec.should_retry = Some(number(Some(1.0))? >= 0.5),
+                other => {
+                    let call = other
+                        .strip_suffix("-429")
+                        .and_then(|c| Call::ALL.iter().position(|k| k.name() == c));
+                    match call {
+                        Some(i) => spec.call_429[i] = number(Some(1.0))?,
+                        None => return Err(FaultSpecError::Unknown(other.to_string())),
+                    }
+                }
             }
         }
         if spec.create_429 + spec.create_503 > 1.0 {
@@ -110,6 +167,20 @@ impl fmt::Display for FaultSpec {
         if let Some(n) = self.drop_stdin_stream_after {
             write!(f, ",drop-stdin-stream-after={n}")?;
         }
+        for (call, rate) in Call::ALL.iter().zip(self.call_429) {
+            if rate > 0.0 {
+                write!(f, ",{}-429={rate}", call.name())?;
+            }
+        }
+        if self.create_502_after > 0.0 {
+            write!(f, ",create-502-after={}", self.create_502_after)?;
+        }
+        if let Some(s) = self.retry_after {
+            write!(f, ",retry-after={s}")?;
+        }
+        if let Some(b) = self.should_retry {
+            write!(f, ",should-retry={}", u8::from(b))?;
+        }
         Ok(())
     }
 }
@@ -125,6 +196,11 @@ pub struct FaultCounts {
     pub drop_stream: u64,
     #[serde(rename = "kill-fail")]
     pub kill_fail: u64,
+    /// 429s injected into calls other than create.
+    #[serde(rename = "call-429")]
+    pub call_429: u64,
+    #[serde(rename = "create-502-after")]
+    pub create_502_after: u64,
 }
 
 /// What happens to one create request.
@@ -158,6 +234,10 @@ pub(super) struct Faults {
     create: Mutex<Rng>,
     stream: Mutex<Rng>,
     kill: Mutex<Rng>,
+    calls: Mutex<Rng>,
+    after_create: Mutex<Rng>,
+    call_429: AtomicU64,
+    create_502_after: AtomicU64,
     create_429: AtomicU64,
     create_503: AtomicU64,
     drop_stream: AtomicU64,
@@ -172,6 +252,10 @@ impl Faults {
             create: site(1),
             stream: site(2),
             kill: site(3),
+            calls: site(4),
+            after_create: site(5),
+            call_429: AtomicU64::new(0),
+            create_502_after: AtomicU64::new(0),
             create_429: AtomicU64::new(0),
             create_503: AtomicU64::new(0),
             drop_stream: AtomicU64::new(0),
@@ -226,12 +310,56 @@ impl Faults {
         }
     }
 
+    /// An injected 429 for `call`, or `None` to let it through.
+    pub fn rate_limit(&self, call: Call) -> Option<Response> {
+        let rate = Call::ALL
+            .iter()
+            .position(|c| *c == call)
+            .map_or(0.0, |i| self.spec.call_429[i]);
+        if lock(&self.calls).unit() >= rate {
+            return None;
+        }
+        self.call_429.fetch_add(1, Ordering::SeqCst);
+        Some(self.rate_limited())
+    }
+
+    /// The 429 of the rate-limit middleware, with its hints.
+    pub fn rate_limited(&self) -> Response {
+        self.hinted(Response::error(429, "Rate limit exceeded"))
+            .with_header("RateLimit-Limit", "20")
+            .with_header("RateLimit-Remaining", "0")
+            .with_header("RateLimit-Reset", "1")
+    }
+
+    /// Whether the answer of a create that made its sandbox is lost behind a 502.
+    pub fn create_502_after(&self) -> bool {
+        let hit = lock(&self.after_create).unit() < self.spec.create_502_after;
+        if hit {
+            self.create_502_after.fetch_add(1, Ordering::SeqCst);
+        }
+        hit
+    }
+
+    /// `resp` with the retry hints every injected 429/5xx carries.
+    pub fn hinted(&self, resp: Response) -> Response {
+        let resp = resp.with_header(
+            "Retry-After",
+            self.spec.retry_after.unwrap_or(1).to_string(),
+        );
+        match self.spec.should_retry {
+            Some(b) => resp.with_header("Should-Retry", if b { "true" } else { "false" }),
+            None => resp,
+        }
+    }
+
     pub fn counts(&self) -> FaultCounts {
         FaultCounts {
             create_429: self.create_429.load(Ordering::SeqCst),
             create_503: self.create_503.load(Ordering::SeqCst),
             drop_stream: self.drop_stream.load(Ordering::SeqCst),
             kill_fail: self.kill_fail.load(Ordering::SeqCst),
+            call_429: self.call_429.load(Ordering::SeqCst),
+            create_502_after: self.create_502_after.load(Ordering::SeqCst),
         }
     }
 }
@@ -252,6 +380,21 @@ mod tests {
         assert_eq!(spec.kill_fail, 0.1);
         assert_eq!(spec.create_delay, Duration::from_millis(200));
         assert_eq!("".parse::<FaultSpec>().unwrap(), FaultSpec::default());
+        let spec: FaultSpec =
+            "settimeout-429=0.5,kill-429=1,create-502-after=0.25,retry-after=2,should-retry=0"
+                .parse()
+                .unwrap();
+        assert_eq!(spec.call_429, [1.0, 0.5, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(spec.create_502_after, 0.25);
+        assert_eq!(
+            (spec.retry_after, spec.should_retry),
+            (Some(2), Some(false))
+        );
+        assert_eq!(spec.to_string().parse::<FaultSpec>().unwrap(), spec);
+        assert!(matches!(
+            "create-429x=1".parse::<FaultSpec>(),
+            Err(FaultSpecError::Unknown(_))
+        ));
     }
 
     #[test]

@@ -64,6 +64,8 @@ pub(super) struct Table {
     pub pending: usize,
     /// Set by `stop`: a create finishing afterwards kills its sandbox itself.
     pub closed: bool,
+    /// `Idempotency-Key` → the id of the sandbox the create with that key made.
+    pub keys: HashMap<String, String>,
 }
 
 /// Everything the request threads share.

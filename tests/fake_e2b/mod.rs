@@ -276,7 +276,7 @@ fn write_reply(mut conn: TcpStream, reply: Reply) -> std::io::Result<()> {
 use crossbeam_channel::Receiver;
 use serde_json::json;
 use wmo_e2b::sandbox::e2b::envelope::{encode, FLAG_END_STREAM};
-use wmo_e2b::sandbox::e2b::{E2bBackend, E2bConfig, E2bOptions};
+use wmo_e2b::sandbox::e2b::{E2bBackend, E2bConfig, E2bOptions, RetryPolicy};
 use wmo_e2b::sandbox::{CreateSpec, Metadata, ProcessEvent, SandboxError};
 
 pub const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -298,8 +298,11 @@ pub fn options() -> E2bOptions {
         request_timeout: Duration::from_secs(5),
         connect_timeout: Duration::from_secs(2),
         keepalive: Duration::from_secs(1),
-        create_retry_delays: vec![MS; 3],
-        kill_retry_delays: vec![MS; 2],
+        retry: RetryPolicy {
+            base: MS,
+            cap: MS,
+            ..RetryPolicy::default()
+        },
         ..E2bOptions::default()
     }
 }

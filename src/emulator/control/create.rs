@@ -1,5 +1,6 @@
 //! Creating a sandbox (v1 and v2): the body checked, a slot reserved against the limit, the
-//! local sandbox created and entered in the table, with the seeded create faults first.
+//! local sandbox created and entered in the table, with the seeded create faults first. A
+//! create carrying an `Idempotency-Key` already used answers the sandbox that key made.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -15,7 +16,8 @@ use super::body::{
 use super::reply::{backend_error, sandbox_json, stopping, Answer};
 use crate::emulator::faults::CreateFault;
 use crate::emulator::http::{Request, Response};
-use crate::emulator::state::{NetworkState, SandboxEntry, Shared};
+use crate::emulator::state::{NetworkState, SandboxEntry, Shared, Table};
+use crate::sandbox::e2b::is_idempotency_key;
 use crate::sandbox::{Backend, CreateSpec, Metadata, Sandbox};
 use crate::sync::lock;
 
@@ -33,28 +35,57 @@ pub(super) fn create(shared: &Shared, req: &Request, version: Version) -> Answer
     }
     match shared.faults.create() {
         CreateFault::None => {}
-        CreateFault::RateLimited => {
-            return Err(Response::error(429, "Rate limit exceeded")
-                .with_header("Retry-After", "1")
-                .with_header("RateLimit-Limit", "20")
-                .with_header("RateLimit-Remaining", "0")
-                .with_header("RateLimit-Reset", "1"))
-        }
+        CreateFault::RateLimited => return Err(shared.faults.rate_limited()),
         CreateFault::NoCapacity => {
-            return Err(Response::json(
+            return Err(shared.faults.hinted(Response::json(
                 503,
                 &json!({
                     "code": 503,
                     "message": "Failed to place sandbox: not enough capacity (injected by the emulator)",
                     "error_code": "sandbox_capacity_unavailable",
                 }),
-            ))
+            )))
         }
+    }
+    let key = idempotency_key(req)?;
+    if let Some(entry) = key.and_then(|k| keyed(shared, k)) {
+        return Ok(Response::json(201, &sandbox_json(&entry)));
     }
     let body = body_object(req)?;
     let wanted = Wanted::read(&body, version)?;
     let entry = create_sandbox(shared, wanted)?;
+    if let Some(k) = key {
+        let mut table = lock(&shared.table);
+        // Keys of sandboxes that are gone can never answer again: keep the map bounded.
+        let Table { map, keys, .. } = &mut *table;
+        keys.retain(|_, id| map.contains_key(id));
+        keys.insert(k.to_string(), entry.id.clone());
+    }
+    if shared.faults.create_502_after() {
+        return Err(shared.faults.hinted(Response::error(
+            502,
+            "the create's answer was lost (injected by the emulator; the sandbox runs)",
+        )));
+    }
     Ok(Response::json(201, &sandbox_json(&entry)))
+}
+
+/// The request's `Idempotency-Key`, checked against the documented form.
+fn idempotency_key(req: &Request) -> Result<Option<&str>, Response> {
+    match req.header("idempotency-key") {
+        None => Ok(None),
+        Some(k) if is_idempotency_key(k) => Ok(Some(k)),
+        Some(_) => Err(Response::error(
+            400,
+            "Idempotency-Key must be 1-255 characters of [a-z0-9-]",
+        )),
+    }
+}
+
+/// The live sandbox an earlier create with `key` made.
+fn keyed(shared: &Shared, key: &str) -> Option<Arc<SandboxEntry>> {
+    let id = lock(&shared.table).keys.get(key).cloned()?;
+    shared.live_sandbox(&id)
 }
 
 /// What a create body asks for, checked.

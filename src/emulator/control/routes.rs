@@ -4,6 +4,7 @@ use super::create::{create, Version};
 use super::lifecycle::{connect, detail, kill, network, pause, refresh, resume, set_timeout};
 use super::list::{list_v1, list_v2};
 use super::reply::Answer;
+use crate::emulator::faults::Call;
 use crate::emulator::http::{Request, Response};
 use crate::emulator::state::Shared;
 
@@ -41,12 +42,25 @@ fn route(shared: &Shared, req: &Request) -> Answer {
     match (method, segments.as_slice()) {
         ("POST", ["sandboxes"]) => create(shared, req, Version::V1),
         ("POST", ["v2", "sandboxes"]) => create(shared, req, Version::V2),
-        ("GET", ["sandboxes"]) => list_v1(shared, req),
-        ("GET", ["v2", "sandboxes"]) => list_v2(shared, req),
+        ("GET", ["sandboxes"]) => limited(shared, Call::List).and_then(|()| list_v1(shared, req)),
+        ("GET", ["v2", "sandboxes"]) => {
+            limited(shared, Call::List).and_then(|()| list_v2(shared, req))
+        }
         ("GET", ["_emulator", "stats"]) => stats(shared),
         (_, ["sandboxes", raw, rest @ ..]) | (_, ["v2", "sandboxes", raw, rest @ ..]) => {
             let v2 = segments[0] == "v2";
             let id = sandbox_id(raw)?;
+            let call = match (method, rest) {
+                ("GET", []) => Some(Call::Info),
+                ("DELETE", []) => Some(Call::Kill),
+                ("POST", ["connect"]) => Some(Call::Connect),
+                ("POST", ["timeout"]) => Some(Call::SetTimeout),
+                ("PUT", ["network"]) => Some(Call::Network),
+                _ => None,
+            };
+            if let Some(call) = call {
+                limited(shared, call)?;
+            }
             match (method, rest, v2) {
                 ("GET", [], false) => detail(shared, id),
                 ("DELETE", [], false) => kill(shared, id),
@@ -61,6 +75,11 @@ fn route(shared: &Shared, req: &Request) -> Answer {
         }
         _ => Err(route_not_found(req)),
     }
+}
+
+/// A seeded `CALL-429` fault, answered before the call does anything.
+fn limited(shared: &Shared, call: Call) -> Result<(), Response> {
+    shared.faults.rate_limit(call).map_or(Ok(()), Err)
 }
 
 /// The API's own health check, which needs no key.

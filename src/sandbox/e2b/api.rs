@@ -1,5 +1,6 @@
 //! The control-plane client: create, connect, info, list, kill, timeout and network, over
-//! REST with `X-API-Key`. Every status is classified in `error::api_class`.
+//! REST with `X-API-Key`. Every status is classified in `error::api_class`; every call is
+//! retried on the server's hints (`error::retry_hint`) with one bounded schedule.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +13,12 @@ use ureq::typestate::{WithBody, WithoutBody};
 use ureq::{Agent, Body, RequestBuilder};
 
 use super::config::E2bConfig;
-use super::error::{api_call_failure, api_failure, call_failure, ApiOp, ApiStatus, Limits};
+use super::error::{
+    api_call_failure, api_failure, call_failure, retry_hint, ApiOp, ApiStatus, Limits, RetryHint,
+};
+use super::gate::Clock;
+use super::retry::{is_idempotency_key, Retries, RetryPolicy};
+use crate::backoff::Backoff;
 use crate::sandbox::{ErrorClass, Killed, Metadata, Result, SandboxError, SandboxSummary};
 
 /// Largest control-plane answer we read; a page of 100 sandboxes is far smaller.
@@ -36,6 +42,10 @@ pub struct NewSandbox {
     pub metadata: Metadata,
     pub env_vars: BTreeMap<String, String>,
     pub internet: bool,
+    /// Sent as `Idempotency-Key`, so that a create repeated after a lost or failed answer
+    /// gets the sandbox the first one made instead of a second. Only a key of the documented
+    /// form (1-255 of `[a-z0-9-]`) is sent.
+    pub idempotency_key: Option<String>,
 }
 
 /// The parts of a create/connect answer a sandbox handle needs.
@@ -118,17 +128,29 @@ pub struct Api {
     agent: Agent,
     config: Arc<E2bConfig>,
     limits: Limits,
+    retry: RetryPolicy,
+    clock: Arc<dyn Clock>,
+    pub retries: Retries,
     /// Set once `/v2/sandboxes` answered 404 and `/sandboxes` worked: this server has no v2.
     v1_create: AtomicBool,
     v1_connect: AtomicBool,
 }
 
 impl Api {
-    pub fn new(agent: Agent, config: Arc<E2bConfig>, limits: Limits) -> Api {
+    pub fn new(
+        agent: Agent,
+        config: Arc<E2bConfig>,
+        limits: Limits,
+        retry: RetryPolicy,
+        clock: Arc<dyn Clock>,
+    ) -> Api {
         Api {
             agent,
             config,
             limits,
+            retry,
+            clock,
+            retries: Retries::default(),
             v1_create: AtomicBool::new(false),
             v1_connect: AtomicBool::new(false),
         }
@@ -138,15 +160,65 @@ impl Api {
         format!("{}{path}", self.config.api_base)
     }
 
-    /// Runs one exchange; a failure to get any answer is classified here.
+    /// Runs one exchange, repeated on the server's hints; a failure to get any answer is
+    /// classified here.
     fn send(
         &self,
         op: ApiOp,
         id: Option<&str>,
-        call: impl FnOnce(&Agent, &str) -> std::result::Result<Response<Body>, ureq::Error>,
+        call: impl Fn(&Agent, &str) -> std::result::Result<Response<Body>, ureq::Error>,
     ) -> Result<Response<Body>> {
-        call(&self.agent, &self.config.api_key)
-            .map_err(|e| api_call_failure(op, id, call_failure(e, &self.limits)))
+        self.send_with(op, id, true, &|| Ok(()), call)
+    }
+
+    /// As [`Api::send`], with `admit` run before every attempt (a create's rate gate), and
+    /// `replayable` saying whether a request whose answer was lost may be sent again (a
+    /// create without an idempotency key may have made a sandbox).
+    fn send_with(
+        &self,
+        op: ApiOp,
+        id: Option<&str>,
+        replayable: bool,
+        admit: &dyn Fn() -> Result<()>,
+        call: impl Fn(&Agent, &str) -> std::result::Result<Response<Body>, ureq::Error>,
+    ) -> Result<Response<Body>> {
+        let r = &self.retry;
+        let mut schedule = Backoff::doubling(r.base, r.cap, r.retries);
+        loop {
+            admit()?;
+            let wait = match call(&self.agent, &self.config.api_key) {
+                Ok(resp) => {
+                    let header = |name| resp.headers().get(name).and_then(|v| v.to_str().ok());
+                    let hint = retry_hint(
+                        resp.status().as_u16(),
+                        header("should-retry"),
+                        header("retry-after"),
+                    );
+                    let RetryHint::After(asked) = hint else {
+                        return Ok(resp);
+                    };
+                    let Some(backoff) = schedule.next() else {
+                        return Ok(resp);
+                    };
+                    asked.map_or(backoff, |a| a.min(r.max_retry_after))
+                }
+                Err(e) => {
+                    let failure = call_failure(e, &self.limits);
+                    let again = replayable && failure.class == ErrorClass::Transport;
+                    match schedule.next().filter(|_| again) {
+                        Some(backoff) => backoff,
+                        None => return Err(api_call_failure(op, id, failure)),
+                    }
+                }
+            };
+            let counter = match op {
+                ApiOp::Create => &self.retries.create,
+                ApiOp::Kill => &self.retries.kill,
+                _ => &self.retries.other,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            self.clock.sleep(wait);
+        }
     }
 
     /// One bodiless request (`Agent::get`, `Agent::delete`) on `path`.
@@ -205,7 +277,12 @@ impl Api {
     }
 
     /// Creates a sandbox: `POST /v2/sandboxes`, or `POST /sandboxes` on servers without v2.
-    pub fn create(&self, new: &NewSandbox) -> Result<SandboxAccess> {
+    /// `admit` runs before every attempt, retries included: each is a create E2B counts.
+    pub fn create(
+        &self,
+        new: &NewSandbox,
+        admit: &dyn Fn() -> Result<()>,
+    ) -> Result<SandboxAccess> {
         let op = ApiOp::Create;
         let mut body = json!({
             "templateID": new.template,
@@ -214,15 +291,28 @@ impl Api {
             "envVars": new.env_vars,
             "allow_internet_access": new.internet,
         });
+        let key = new
+            .idempotency_key
+            .as_deref()
+            .filter(|k| is_idempotency_key(k));
+        let post = |path: &str, body: &Value| {
+            self.send_with(op, None, key.is_some(), admit, |a, api_key| {
+                let mut req = a.post(self.url(path)).header("X-API-Key", api_key);
+                if let Some(k) = key {
+                    req = req.header("Idempotency-Key", k);
+                }
+                req.send_json(body)
+            })
+        };
         if !self.v1_create.load(Ordering::Relaxed) {
-            let resp = self.call_json(op, None, Agent::post, "/v2/sandboxes", &body)?;
+            let resp = post("/v2/sandboxes", &body)?;
             if resp.status().as_u16() != 404 {
                 return self.created(op, None, resp);
             }
         }
         // v1 still needs `secure` to get an envd access token; v2 is always secure.
         body["secure"] = Value::Bool(true);
-        let resp = self.call_json(op, None, Agent::post, "/sandboxes", &body)?;
+        let resp = post("/sandboxes", &body)?;
         let access = self.created(op, None, resp)?;
         self.v1_create.store(true, Ordering::Relaxed);
         Ok(access)
@@ -315,7 +405,7 @@ impl Api {
         Err(looping(op))
     }
 
-    /// One kill call: 204 killed, 404 already gone.
+    /// One kill, repeated on the server's hints: 204 killed, 404 already gone.
     pub fn kill(&self, id: &str) -> Result<Killed> {
         let op = ApiOp::Kill;
         let resp = self.call(op, Some(id), Agent::delete, &format!("/sandboxes/{id}"))?;

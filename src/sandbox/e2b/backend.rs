@@ -1,5 +1,6 @@
-//! `E2bBackend`: creates (through the rate gate, the slot cap and capacity retries), connects,
-//! lists and kills E2B sandboxes, sharing one tuned HTTP agent across all of them.
+//! `E2bBackend`: creates (through the rate gate and the slot cap, with the lease id as the
+//! idempotency key), connects, lists and kills E2B sandboxes, sharing one tuned HTTP agent
+//! across all of them. Retries happen per call in [`Api`], on the server's hints.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,23 +15,14 @@ use super::envd::Envd;
 use super::error::Limits;
 use super::gate::{shared_gate, Clock, CreateGate, CreateRejected, Slots, SystemClock};
 use super::process::Readers;
+use super::retry::RetryPolicy;
 use super::sandbox::E2bSandbox;
-use crate::backoff::{with_retries, Backoff};
+use crate::sandbox::ledger::TAG_LEASE;
 use crate::sandbox::{
     check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
     SandboxSummary,
 };
 use crate::sync::lock;
-
-/// Waits between a create's capacity retries: 4 attempts in all.
-pub const CREATE_RETRY_DELAYS: [Duration; 3] = [
-    Duration::from_secs(1),
-    Duration::from_secs(3),
-    Duration::from_secs(9),
-];
-/// Waits between kill attempts: 3 attempts in all.
-pub const KILL_RETRY_DELAYS: [Duration; 2] =
-    [Duration::from_millis(100), Duration::from_millis(500)];
 
 /// How the backend behaves; every wait it makes is bounded by one of these.
 #[derive(Debug, Clone)]
@@ -55,10 +47,8 @@ pub struct E2bOptions {
     /// envd's keepalive interval on process streams; a stream silent for about twice this is
     /// a transport failure. Whole seconds, at least one.
     pub keepalive: Duration,
-    /// Waits between capacity retries of a create.
-    pub create_retry_delays: Vec<Duration>,
-    /// Waits between kill attempts.
-    pub kill_retry_delays: Vec<Duration>,
+    /// How every control-plane call is repeated when the server says it may be.
+    pub retry: RetryPolicy,
 }
 
 impl Default for E2bOptions {
@@ -73,8 +63,7 @@ impl Default for E2bOptions {
             request_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
             keepalive: Duration::from_secs(30),
-            create_retry_delays: CREATE_RETRY_DELAYS.to_vec(),
-            kill_retry_delays: KILL_RETRY_DELAYS.to_vec(),
+            retry: RetryPolicy::default(),
         }
     }
 }
@@ -114,23 +103,23 @@ impl E2bOptions {
 pub struct E2bCounters {
     /// Sandboxes created.
     pub creates: u64,
-    /// Create attempts repeated after a capacity error.
+    /// Create attempts repeated on the server's hints (or after a lost answer, when keyed).
     pub create_retries: u64,
     /// Creates refused by the rate gate or the slot cap before reaching E2B.
     pub create_rejections: u64,
     /// Kill calls that ended with the sandbox proven gone.
     pub kills: u64,
-    /// Kill attempts repeated after a transient error.
+    /// Kill attempts repeated on the server's hints or after a lost answer.
     pub kill_retries: u64,
+    /// Repeats of every other control-plane call (connect, info, list, timeout, network).
+    pub other_retries: u64,
 }
 
 #[derive(Default)]
 struct Counters {
     creates: AtomicU64,
-    create_retries: AtomicU64,
     create_rejections: AtomicU64,
     kills: AtomicU64,
-    kill_retries: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -196,6 +185,8 @@ impl E2bBackend {
                 connect: options.connect_timeout,
                 silence: None,
             },
+            options.retry.clone(),
+            Arc::clone(&clock),
         ));
         let interval = Duration::from_secs_f64(1.0 / options.create_rate);
         Ok(Arc::new(E2bBackend {
@@ -229,10 +220,11 @@ impl E2bBackend {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         E2bCounters {
             creates: get(&c.creates),
-            create_retries: get(&c.create_retries),
+            create_retries: get(&self.api.retries.create),
             create_rejections: get(&c.create_rejections),
             kills: get(&c.kills),
-            kill_retries: get(&c.kill_retries),
+            kill_retries: get(&self.api.retries.kill),
+            other_retries: get(&self.api.retries.other),
         }
     }
 
@@ -262,20 +254,15 @@ impl E2bBackend {
             metadata: spec.metadata.clone(),
             env_vars: spec.envs.iter().cloned().collect::<BTreeMap<_, _>>(),
             internet: spec.internet,
+            // The lease id is unique per create and already of the key's form.
+            idempotency_key: spec.metadata.get(TAG_LEASE).cloned(),
         };
-        let access = with_retries(
-            Backoff::fixed(&self.options.create_retry_delays),
-            &|d| self.clock.sleep(d),
-            || {
-                // Every attempt, retries included, is a create E2B counts against the rate.
-                self.gate
-                    .admit(self.clock.as_ref())
-                    .map_err(|r| self.rejected(r))?;
-                self.api.create(&new)
-            },
-            |e| e.class() == ErrorClass::Capacity && !is_rejection(e),
-            |_, _| bump(&self.counters.create_retries),
-        )?;
+        let access = self.api.create(&new, &|| {
+            self.gate
+                .admit(self.clock.as_ref())
+                .map(|_| ())
+                .map_err(|r| self.rejected(r))
+        })?;
         permit.keep();
         lock(&self.holding).insert(access.sandbox_id.clone());
         bump(&self.counters.creates);
@@ -331,11 +318,6 @@ impl E2bBackend {
     }
 }
 
-/// Whether an error is the gate's or the cap's own refusal, which a retry cannot cure.
-fn is_rejection(e: &SandboxError) -> bool {
-    std::error::Error::source(e).is_some_and(|s| s.is::<CreateRejected>())
-}
-
 fn check_e2b_id(id: &str) -> Result<()> {
     check_id(id, is_sandbox_id(id), "an e2b sandbox id")
 }
@@ -357,16 +339,10 @@ impl Backend for E2bBackend {
         self.api.list(filter)
     }
 
-    /// Kills with retries on transient errors; an error means the kill is not proven.
+    /// Kills, repeating as the server allows; an error means the kill is not proven.
     fn kill(&self, id: &str) -> Result<Killed> {
         check_e2b_id(id)?;
-        let killed = with_retries(
-            Backoff::fixed(&self.options.kill_retry_delays),
-            &|d| self.clock.sleep(d),
-            || self.api.kill(id),
-            |e| matches!(e.class(), ErrorClass::Transport | ErrorClass::Capacity),
-            |_, _| bump(&self.counters.kill_retries),
-        )?;
+        let killed = self.api.kill(id)?;
         bump(&self.counters.kills);
         if lock(&self.holding).remove(id) {
             self.slots.release();

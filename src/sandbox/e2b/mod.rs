@@ -12,6 +12,7 @@
 //! process.rs   process streams to ProcessEvents (reader threads) and foreground collection
 //! error.rs     classification of statuses, Connect codes and failed exchanges
 //! gate.rs      the create-rate gate and the live-sandbox cap
+//! retry.rs     how control-plane calls are repeated (policy, counts, idempotency keys)
 //! backend.rs   E2bBackend (Backend)
 //! sandbox.rs   E2bSandbox (Sandbox)
 //! ```
@@ -26,6 +27,7 @@ pub mod envelope;
 pub mod error;
 pub mod gate;
 mod process;
+mod retry;
 mod reuse;
 mod sandbox;
 
@@ -33,4 +35,5 @@ pub use api::SandboxDetail;
 pub use backend::{E2bBackend, E2bCounters, E2bOptions};
 pub use config::{ConfigError, E2bConfig};
 pub use gate::{Clock, CreateRejected, SystemClock};
+pub use retry::{is_idempotency_key, RetryPolicy};
 pub use sandbox::{E2bSandbox, HOME};

@@ -1,5 +1,7 @@
 //! Control-plane answers: what an error status means for each operation.
 
+use std::time::Duration;
+
 use super::body::ErrorBody;
 use super::call::CallFailure;
 use crate::sandbox::{ErrorClass, SandboxError};
@@ -61,6 +63,38 @@ pub fn api_class(op: ApiOp, status: u16, error_code: Option<&str>) -> ErrorClass
         400..=499 => ErrorClass::BadRequest,
         _ => ErrorClass::Transport,
     }
+}
+
+/// What an answer's status and hint headers say about trying the request again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryHint {
+    /// Done (a success), or the server said no (`Should-Retry: false`, or a status that a
+    /// repeat cannot change).
+    Never,
+    /// Worth repeating; after the server's `Retry-After` when it gave a valid one.
+    After(Option<Duration>),
+}
+
+/// Reads an answer's retry hints, as E2B's clients do: `Should-Retry: true` retries whatever
+/// the status, `Should-Retry: false` never; without the header 429, 502, 503 and 504 retry.
+/// `Retry-After` counts only as whole seconds (the date form is not used by E2B).
+pub fn retry_hint(status: u16, should_retry: Option<&str>, retry_after: Option<&str>) -> RetryHint {
+    if (200..300).contains(&status) {
+        return RetryHint::Never;
+    }
+    let told = should_retry.and_then(|v| match v.trim().to_ascii_lowercase().as_str() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    });
+    let retry = told.unwrap_or(matches!(status, 429 | 502 | 503 | 504));
+    if !retry {
+        return RetryHint::Never;
+    }
+    let wait = retry_after
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    RetryHint::After(wait)
 }
 
 /// A control-plane error answer, kept as the source of the error it caused.
@@ -155,6 +189,24 @@ mod tests {
                 "{op:?} {status} {code:?}"
             );
         }
+    }
+
+    #[test]
+    fn retry_hints_follow_the_server_first() {
+        use RetryHint::*;
+        let secs = |n| Some(Duration::from_secs(n));
+        assert_eq!(retry_hint(429, None, None), After(None));
+        assert_eq!(retry_hint(429, None, Some("2")), After(secs(2)));
+        assert_eq!(retry_hint(503, None, Some(" 7 ")), After(secs(7)));
+        assert_eq!(retry_hint(502, None, Some("soon")), After(None));
+        assert_eq!(retry_hint(504, None, Some("-1")), After(None));
+        assert_eq!(retry_hint(500, None, Some("1")), Never);
+        assert_eq!(retry_hint(404, None, None), Never);
+        assert_eq!(retry_hint(500, Some("true"), Some("1")), After(secs(1)));
+        assert_eq!(retry_hint(409, Some("TRUE"), None), After(None));
+        assert_eq!(retry_hint(429, Some("false"), Some("1")), Never);
+        assert_eq!(retry_hint(503, Some("maybe"), None), After(None));
+        assert_eq!(retry_hint(201, Some("true"), None), Never);
     }
 
     #[test]
