@@ -152,7 +152,7 @@ fn shard_dirs(dir: &Path, notes: &mut Vec<Note>) -> Result<Vec<(PathBuf, String)
             if !present.contains(&i) {
                 notes.push(Note::MissingShard {
                     dir: dir
-                        .join(format!("shard-{i}-of-{count}"))
+                        .join(crate::task::shard_dir_name(i, count))
                         .display()
                         .to_string(),
                 });
@@ -166,17 +166,11 @@ fn shard_dirs(dir: &Path, notes: &mut Vec<Note>) -> Result<Vec<(PathBuf, String)
     Ok(out)
 }
 
-/// `shard-I-of-N` as (I, N).
+/// `shard-I-of-N` as (I, N), for a shard this reader can place: I up to N (a set may count
+/// from 1), and N bounded, so an odd name cannot make the absent-shard check walk billions
+/// of indices.
 fn parse_shard_name(name: &str) -> Option<(u32, u32)> {
-    let rest = name.strip_prefix("shard-")?;
-    let (i, n) = rest.split_once("-of-")?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(i) || !digits(n) {
-        return None;
-    }
-    let (i, n) = (i.parse().ok()?, n.parse().ok()?);
-    // Bounded, so an odd name cannot make the absent-shard check walk billions of indices.
-    (n > 0 && n <= 100_000 && i <= n).then_some((i, n))
+    crate::task::parse_shard_dir_name(name).filter(|&(i, n)| n <= 100_000 && i <= n)
 }
 
 fn provenance_notes(shards: &[Shard], notes: &mut Vec<Note>) {

@@ -13,7 +13,7 @@ use super::{Harness, HarnessFiles};
 use crate::pool::{self, PoolConfig};
 use crate::runner::BootstrapOpts;
 use crate::sandbox::{CreateSpec, Metadata};
-use crate::task::{TaskError, TaskList};
+use crate::task::{parse_shard_dir_name, TaskError, TaskList};
 use crate::tree::{self, TreeBounds};
 
 /// What the user asked for, as the command line says it.
@@ -144,7 +144,7 @@ fn other_split(base: &Path, shard: Shard) -> Result<(), PlanError> {
     };
     for entry in entries.take(MAX_SHARED_ENTRIES).flatten() {
         let name = entry.file_name();
-        let Some(count) = name.to_str().and_then(shard_count_of) else {
+        let Some((_, count)) = name.to_str().and_then(parse_shard_dir_name) else {
             continue;
         };
         if count != shard.count {
@@ -157,13 +157,6 @@ fn other_split(base: &Path, shard: Shard) -> Result<(), PlanError> {
         }
     }
     Ok(())
-}
-
-/// N of a `shard-I-of-N` directory name.
-fn shard_count_of(name: &str) -> Option<u32> {
-    let (i, n) = name.strip_prefix("shard-")?.split_once("-of-")?;
-    i.parse::<u32>().ok()?;
-    n.parse().ok()
 }
 
 impl EvalPlan {
@@ -240,20 +233,6 @@ fn default_out_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shard_directories_are_named_i_of_n() {
-        assert_eq!(shard_count_of("shard-3-of-4"), Some(4));
-        for other in [
-            "shard-3-of-",
-            "shard-x-of-4",
-            "shard-3-4",
-            "results.jsonl",
-            "shard-1-of-4x",
-        ] {
-            assert_eq!(shard_count_of(other), None, "{other}");
-        }
-    }
 
     #[test]
     fn a_shared_directory_of_another_split_is_refused() {

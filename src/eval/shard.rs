@@ -45,7 +45,7 @@ pub struct Shard {
 impl Shard {
     /// The shard's own directory under a shared `--out`: `shard-I-of-N`.
     pub fn dir_name(&self) -> String {
-        format!("shard-{}-of-{}", self.index, self.count)
+        task::shard_dir_name(self.index, self.count)
     }
 
     pub fn holds(&self, task_id: &str) -> bool {

@@ -230,6 +230,23 @@ fn check_file_paths(files: &BTreeMap<String, String>) -> Result<(), String> {
     Ok(())
 }
 
+/// The directory shard `index` of `count` writes under a run's shared `--out`:
+/// `shard-I-of-N` (what `report` finds and merges).
+pub fn shard_dir_name(index: u32, count: u32) -> String {
+    format!("shard-{index}-of-{count}")
+}
+
+/// `(I, N)` of a `shard-I-of-N` directory name: plain decimal digits, N at least 1.
+pub fn parse_shard_dir_name(name: &str) -> Option<(u32, u32)> {
+    let (i, n) = name.strip_prefix("shard-")?.split_once("-of-")?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(i) || !digits(n) {
+        return None;
+    }
+    let (i, n) = (i.parse().ok()?, n.parse().ok()?);
+    (n > 0).then_some((i, n))
+}
+
 /// A stable shard for `--shard I/N`: FNV-1a of the id, so every host agrees without
 /// coordination and the split does not change between Rust versions.
 pub fn shard_of(id: &str, shards: u32) -> u32 {
@@ -247,6 +264,23 @@ mod tests {
 
     fn parse(text: &str) -> Result<Vec<Task>, TaskError> {
         parse_tasks(Path::new("t.jsonl"), text)
+    }
+
+    #[test]
+    fn shard_directories_are_named_i_of_n() {
+        assert_eq!(shard_dir_name(3, 4), "shard-3-of-4");
+        assert_eq!(parse_shard_dir_name("shard-3-of-4"), Some((3, 4)));
+        for other in [
+            "shard-3-of-",
+            "shard-x-of-4",
+            "shard-3-4",
+            "results.jsonl",
+            "shard-1-of-4x",
+            "shard-+1-of-4",
+            "shard-1-of-0",
+        ] {
+            assert_eq!(parse_shard_dir_name(other), None, "{other}");
+        }
     }
 
     #[test]
