@@ -145,9 +145,14 @@ impl Builder {
     }
 
     fn system(&mut self, message: String, t: &Value) {
+        self.plain("system", message, t);
+    }
+
+    /// A step that only says something: a system message or the user's instruction.
+    fn plain(&mut self, source: &'static str, message: String, t: &Value) {
         self.steps.push(Step {
             step_id: 0,
-            source: "system",
+            source,
             model_name: None,
             message,
             reasoning_content: None,
@@ -211,18 +216,7 @@ impl Builder {
         if !system.is_empty() {
             self.system(system, t);
         }
-        self.steps.push(Step {
-            step_id: 0,
-            source: "user",
-            model_name: None,
-            message: text("instruction"),
-            reasoning_content: None,
-            tool_calls: None,
-            observation: None,
-            metrics: None,
-            llm_call_count: None,
-            extra: extra(&[("attempt", json!(self.attempt)), ("t", t.clone())]),
-        });
+        self.plain("user", text("instruction"), t);
         self.last_agent = None;
     }
 

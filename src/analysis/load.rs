@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::lines::{each_line, read_small, Line};
-use super::{AnalysisError, Note, MAX_ENTRIES, MAX_RESULTS_BYTES, MAX_SUMMARY_BYTES};
+use super::{AnalysisError, Note, MAX_RESULTS_BYTES, MAX_SUMMARY_BYTES};
 use crate::episode::TokenMeter;
 
 /// A `results.jsonl` record as read back: every field but `id` may be missing (records of
@@ -211,32 +211,16 @@ pub fn load_shard(
 /// `transcripts/<id>.jsonl` files by id; a missing directory holds none.
 fn list_transcripts(dir: &Path) -> Result<BTreeMap<String, PathBuf>, AnalysisError> {
     let mut out = BTreeMap::new();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(source) => {
-            return Err(AnalysisError::Read {
-                path: dir.to_path_buf(),
-                source,
-            })
-        }
-    };
-    for (n, entry) in entries.enumerate() {
-        if n >= MAX_ENTRIES {
-            return Err(AnalysisError::TooManyEntries {
-                path: dir.to_path_buf(),
-                limit: MAX_ENTRIES,
-            });
-        }
+    super::each_entry(dir, |entry| {
         let entry = entry.map_err(|source| AnalysisError::Read {
             path: dir.to_path_buf(),
             source,
         })?;
         let name = entry.file_name();
-        let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".jsonl")) else {
-            continue;
-        };
-        out.insert(id.to_string(), entry.path());
-    }
+        if let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".jsonl")) {
+            out.insert(id.to_string(), entry.path());
+        }
+        Ok(())
+    })?;
     Ok(out)
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::load::{load_shard, Record, Shard};
 use super::notes::ShardValue;
-use super::{AnalysisError, Note, MAX_ENTRIES};
+use super::{AnalysisError, Note};
 
 /// The merged run.
 #[derive(Debug, Clone)]
@@ -112,33 +112,19 @@ fn shard_dirs(dir: &Path, notes: &mut Vec<Note>) -> Result<Vec<(PathBuf, String)
     if dir.join("results.jsonl").is_file() {
         out.push((dir.to_path_buf(), dir.display().to_string()));
     }
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(source) => {
-            return Err(AnalysisError::Read {
-                path: dir.to_path_buf(),
-                source,
-            })
-        }
-    };
     let mut shards: BTreeMap<(u32, u32), PathBuf> = BTreeMap::new();
-    for (n, entry) in entries.enumerate() {
-        if n >= MAX_ENTRIES {
-            return Err(AnalysisError::TooManyEntries {
-                path: dir.to_path_buf(),
-                limit: MAX_ENTRIES,
-            });
-        }
-        let Ok(entry) = entry else { continue };
+    super::each_entry(dir, |entry| {
+        // An entry that cannot be read is no shard to merge.
+        let Ok(entry) = entry else { return Ok(()) };
         let name = entry.file_name();
-        let Some((i, count)) = name.to_str().and_then(parse_shard_name) else {
-            continue;
-        };
-        if entry.path().join("results.jsonl").is_file() {
-            shards.insert((count, i), entry.path());
+        let shard = name.to_str().and_then(parse_shard_name);
+        if let Some((i, count)) = shard {
+            if entry.path().join("results.jsonl").is_file() {
+                shards.insert((count, i), entry.path());
+            }
         }
-    }
+        Ok(())
+    })?;
     let counts: BTreeSet<u32> = shards.keys().map(|&(count, _)| count).collect();
     for count in counts {
         let present: BTreeSet<u32> = shards

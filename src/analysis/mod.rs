@@ -40,6 +40,34 @@ pub const MAX_TRANSCRIPT_BYTES: u64 = 256 << 20;
 /// Most shard directories, and most transcript files, one run directory may hold.
 pub const MAX_ENTRIES: usize = 1_000_000;
 
+/// Hands each entry of `dir` to `f`: none when `dir` does not exist, and an error past
+/// [`MAX_ENTRIES`] rather than a walk without end.
+fn each_entry(
+    dir: &std::path::Path,
+    mut f: impl FnMut(std::io::Result<std::fs::DirEntry>) -> Result<(), AnalysisError>,
+) -> Result<(), AnalysisError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(AnalysisError::Read {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    for (n, entry) in entries.enumerate() {
+        if n >= MAX_ENTRIES {
+            return Err(AnalysisError::TooManyEntries {
+                path: dir.to_path_buf(),
+                limit: MAX_ENTRIES,
+            });
+        }
+        f(entry)?;
+    }
+    Ok(())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum AnalysisError {
     #[error(
