@@ -124,11 +124,11 @@ def test_run():
 
 
 def test_cwd_and_envs():
-    equal("make_dir new", SBX.files.make_dir("/home/user/work"), True)
-    equal("make_dir existing", SBX.files.make_dir("/home/user/work"), False)
-    r = SBX.commands.run("pwd; touch marker", cwd="/home/user/work")
-    equal("run cwd", r.stdout, "/home/user/work\n")
-    equal("file made in cwd exists", SBX.files.exists("/home/user/work/marker"), True)
+    equal("make_dir new", SBX.files.make_dir("/home/user/proj"), True)
+    equal("make_dir existing", SBX.files.make_dir("/home/user/proj"), False)
+    r = SBX.commands.run("pwd; touch marker", cwd="/home/user/proj")
+    equal("run cwd", r.stdout, "/home/user/proj\n")
+    equal("file made in cwd exists", SBX.files.exists("/home/user/proj/marker"), True)
     r = SBX.commands.run('echo "$GREETING"', envs={"GREETING": "hi there"})
     equal("run envs", r.stdout, "hi there\n")
     r = SBX.commands.run('echo "$SBX_VAR $E2B_SANDBOX"')

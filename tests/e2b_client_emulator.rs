@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wmo_e2b::emulator::{Emulator, EmulatorConfig, EmulatorHandle};
-use wmo_e2b::sandbox::e2b::{E2bBackend, E2bConfig, E2bOptions, HOME};
+use wmo_e2b::sandbox::e2b::{E2bBackend, HOME};
 use wmo_e2b::sandbox::{
     Backend, CreateSpec, ErrorClass, Killed, Metadata, ProcessEvent, RunOpts, SandboxError,
     SpawnOpts,
@@ -13,9 +13,9 @@ use wmo_e2b::sandbox::{
 
 mod support;
 
+use support::emulator::KEY;
 use support::{read_until, spawn_with_stdin};
 
-const KEY: &str = "e2b_0123456789abcdef";
 const WAIT: Duration = Duration::from_secs(20);
 
 struct Env {
@@ -41,21 +41,7 @@ fn start() -> Env {
     );
     let emulator = Emulator::start(config).unwrap();
     let url = emulator.url();
-    let backend = E2bBackend::new(
-        E2bConfig {
-            api_key: KEY.into(),
-            domain: "e2b.test".into(),
-            api_base: url.clone(),
-            sandbox_url: Some(url),
-        },
-        E2bOptions {
-            create_rate: 100.0,
-            request_timeout: Duration::from_secs(20),
-            keepalive: Duration::from_secs(2),
-            ..E2bOptions::default()
-        },
-    )
-    .unwrap();
+    let backend = support::emulator::client_of(url);
     Env {
         emulator: Some(emulator),
         backend,

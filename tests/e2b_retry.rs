@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wmo_e2b::emulator::FaultSpec;
-use wmo_e2b::sandbox::e2b::{E2bBackend, E2bConfig, E2bOptions};
+use wmo_e2b::sandbox::e2b::E2bBackend;
 use wmo_e2b::sandbox::{Backend, CreateSpec, ErrorClass, Metadata, RunOpts};
 
 mod support;
 
-use support::emulator::{start_with, Emu, KEY};
+use support::emulator::{client_of, start_with, Emu, KEY};
 use support::{slow_tasks, text, Env};
 
 /// The lease tag the leased backend puts on every create: its value is the idempotency key.
@@ -22,22 +22,7 @@ fn faults(spec: &str) -> FaultSpec {
 }
 
 fn backend(emu: &Emu) -> Arc<E2bBackend> {
-    let url = emu.handle.url();
-    E2bBackend::new(
-        E2bConfig {
-            api_key: KEY.into(),
-            domain: "e2b.test".into(),
-            api_base: url.clone(),
-            sandbox_url: Some(url),
-        },
-        E2bOptions {
-            create_rate: 100.0,
-            request_timeout: Duration::from_secs(20),
-            keepalive: Duration::from_secs(2),
-            ..E2bOptions::default()
-        },
-    )
-    .unwrap()
+    client_of(emu.handle.url())
 }
 
 fn leased_spec(lease: &str) -> CreateSpec {

@@ -2,28 +2,14 @@
 //! scripted model.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 mod support;
 
-use support::{task, text, transcript_frames, wait_for, Env, SUBMIT};
-/// SIGKILLs the runner of a sandbox behind the tool's back: its process group, found in the
-/// sandbox's process records.
-fn kill_runner(sandbox: &Path) {
-    for rec in std::fs::read_dir(sandbox.join("procs")).unwrap().flatten() {
-        let text = std::fs::read_to_string(rec.path()).unwrap_or_default();
-        if text.contains("runner.mjs") {
-            let pid = rec.file_name().to_string_lossy().into_owned();
-            let _ = Command::new("kill")
-                .args(["-9", "--", &format!("-{pid}")])
-                .status();
-        }
-    }
-}
-
+use support::{kill_runner, task, text, transcript_frames, wait_for, Env, SUBMIT};
 #[test]
 fn example_tasks_all_pass_and_leave_nothing_behind() {
     let env = Env::new();

@@ -3,29 +3,15 @@
 //! input.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use wmo_e2b::analysis::{Note, Report};
+use wmo_e2b::analysis::Note;
 
 mod support;
 
-use support::{task, text, wait_for, Env, SUBMIT};
-
-/// SIGKILLs the runner of a sandbox behind the tool's back: its process group, found in the
-/// sandbox's process records.
-fn kill_runner(sandbox: &Path) {
-    for rec in std::fs::read_dir(sandbox.join("procs")).unwrap().flatten() {
-        let text = std::fs::read_to_string(rec.path()).unwrap_or_default();
-        if text.contains("runner.mjs") {
-            let pid = rec.file_name().to_string_lossy().into_owned();
-            let _ = Command::new("kill")
-                .args(["-9", "--", &format!("-{pid}")])
-                .status();
-        }
-    }
-}
+use support::{kill_runner, report, report_json, task, text, wait_for, Env, SUBMIT};
 
 fn bash(command: &str) -> String {
     serde_json::json!({"tool_calls": [{"name": "bash", "arguments": {"command": command}}]})
@@ -75,25 +61,6 @@ fn real_run(env: &Env) {
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert_eq!(env.result("phoenix")["attempts"], 2);
-}
-
-fn report(env: &Env, args: &[&str]) -> Output {
-    let mut c = env.cmd(&["report"]);
-    c.args(args);
-    c.output().unwrap()
-}
-
-/// `report --json` parsed into the library's `Report`; it must serialize back to the very
-/// document printed.
-fn report_json(env: &Env, args: &[&str]) -> Report {
-    let mut all = args.to_vec();
-    all.push("--json");
-    let o = report(env, &all);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let printed: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let parsed: Report = serde_json::from_value(printed.clone()).unwrap();
-    assert_eq!(serde_json::to_value(&parsed).unwrap(), printed);
-    parsed
 }
 
 #[test]

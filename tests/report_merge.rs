@@ -3,32 +3,14 @@
 //! compared with a baseline.
 
 use std::path::Path;
-use std::process::Output;
 
 use serde_json::{json, Value};
 use wmo_e2b::analysis::notes::ShardValue;
-use wmo_e2b::analysis::{Note, Report};
+use wmo_e2b::analysis::Note;
 
 mod support;
 
-use support::{text, Env};
-
-fn report(env: &Env, args: &[&str]) -> Output {
-    let mut c = env.cmd(&["report"]);
-    c.args(args);
-    c.output().unwrap()
-}
-
-fn report_json(env: &Env, args: &[&str]) -> Report {
-    let mut all = args.to_vec();
-    all.push("--json");
-    let o = report(env, &all);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let printed: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let parsed: Report = serde_json::from_value(printed.clone()).unwrap();
-    assert_eq!(serde_json::to_value(&parsed).unwrap(), printed);
-    parsed
-}
+use support::{report, report_json, text, Env};
 
 fn lines_of(p: &Path) -> Vec<String> {
     std::fs::read_to_string(p)

@@ -11,6 +11,26 @@ use wmo_e2b::emulator::{Emulator, EmulatorConfig, EmulatorHandle, FaultSpec};
 
 pub const KEY: &str = "e2b_0123456789abcdef";
 
+/// The project's own E2B client pointed at an emulator at `url`, with test-sized waits.
+pub fn client_of(url: String) -> std::sync::Arc<wmo_e2b::sandbox::e2b::E2bBackend> {
+    use wmo_e2b::sandbox::e2b::{E2bBackend, E2bConfig, E2bOptions};
+    E2bBackend::new(
+        E2bConfig {
+            api_key: KEY.into(),
+            domain: "e2b.test".into(),
+            api_base: url.clone(),
+            sandbox_url: Some(url),
+        },
+        E2bOptions {
+            create_rate: 100.0,
+            request_timeout: Duration::from_secs(20),
+            keepalive: Duration::from_secs(2),
+            ..E2bOptions::default()
+        },
+    )
+    .unwrap()
+}
+
 /// An emulator running in this test process, and a client of it.
 pub struct Emu {
     pub handle: EmulatorHandle,

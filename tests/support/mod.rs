@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use serde_json::Value;
+use wmo_e2b::analysis::Report;
 use wmo_e2b::sandbox::local::LocalBackend;
 use wmo_e2b::sandbox::{Backend, CreateSpec, Process, ProcessEvent, Sandbox, SpawnOpts};
 
@@ -301,4 +302,38 @@ pub fn share_pi_install(env: &Env) {
         .expect("installing the pi packages (needs the npm registry once)");
     std::fs::create_dir_all(env.home()).unwrap();
     std::os::unix::fs::symlink(cache.join("npm"), env.home().join("npm")).unwrap();
+}
+
+/// SIGKILLs the runner of a sandbox behind the tool's back: its process group, found in the
+/// sandbox's process records.
+pub fn kill_runner(sandbox: &Path) {
+    for rec in std::fs::read_dir(sandbox.join("procs")).unwrap().flatten() {
+        let text = std::fs::read_to_string(rec.path()).unwrap_or_default();
+        if text.contains("runner.mjs") {
+            let pid = rec.file_name().to_string_lossy().into_owned();
+            let _ = Command::new("kill")
+                .args(["-9", "--", &format!("-{pid}")])
+                .status();
+        }
+    }
+}
+
+/// `wmo-e2b report` with `args`.
+pub fn report(env: &Env, args: &[&str]) -> Output {
+    let mut c = env.cmd(&["report"]);
+    c.args(args);
+    c.output().unwrap()
+}
+
+/// `report --json` parsed into the library's `Report`; it must serialize back to the very
+/// document printed.
+pub fn report_json(env: &Env, args: &[&str]) -> Report {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let o = report(env, &all);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let printed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let parsed: Report = serde_json::from_value(printed.clone()).unwrap();
+    assert_eq!(serde_json::to_value(&parsed).unwrap(), printed);
+    parsed
 }
