@@ -61,6 +61,8 @@ pub enum PriceError {
     NoModel { path: PathBuf, model: String },
     #[error("{what} must be a finite number of dollars, 0 or more (got {value})")]
     Invalid { what: String, value: f64 },
+    #[error("a model price needs both --price-in and --price-out (dollars per million input and output tokens), or a --prices file naming the model")]
+    HalfPrice,
 }
 
 /// Where the prices come from: the command's options.
@@ -105,12 +107,7 @@ pub fn resolve_prices(
             cached_input: p.cached_input,
         },
         (None, None, None) => return Ok(None),
-        (Some(_), None, None) | (None, Some(_), None) => {
-            return Err(PriceError::Invalid {
-                what: "--price-in and --price-out (give both, or a --prices file)".into(),
-                value: f64::NAN,
-            })
-        }
+        (Some(_), None, None) | (None, Some(_), None) => return Err(PriceError::HalfPrice),
     };
     let sandbox_per_second = opts
         .sandbox_per_second
