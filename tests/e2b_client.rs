@@ -252,7 +252,7 @@ fn list_follows_next_tokens_and_filters_by_metadata() {
     assert_eq!(reqs.len(), 2);
     for req in &reqs {
         assert_eq!(req.query("metadata"), Some("pool=eval&slot=3"));
-        assert_eq!(req.query("state"), Some("running"));
+        assert_eq!(req.query("state"), Some("running,paused"));
         assert_eq!(req.query("limit"), Some("100"));
         assert_eq!(req.header("x-api-key"), Some("e2b_test_key"));
     }

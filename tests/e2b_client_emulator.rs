@@ -59,6 +59,7 @@ fn spec(run: &str) -> CreateSpec {
         metadata,
         envs: vec![("FROM_CREATE".into(), "yes".into())],
         internet: true,
+        on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
     }
 }
 

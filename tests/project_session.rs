@@ -14,8 +14,8 @@ use wmo_e2b::provider::scripted::FixedScript;
 use wmo_e2b::provider::{Completion, ModelCall, Provider, ProviderError};
 use wmo_e2b::sandbox::local::LocalBackend;
 use wmo_e2b::sandbox::{
-    Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, Process, ProcessEvent, ProcessInfo,
-    Result, RunOpts, Sandbox, SandboxError, SandboxSummary, SpawnOpts,
+    Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, PauseKind, Paused, Process,
+    ProcessEvent, ProcessInfo, Result, RunOpts, Sandbox, SandboxError, SandboxSummary, SpawnOpts,
 };
 use wmo_e2b::task::ScriptStep;
 
@@ -53,6 +53,9 @@ impl Backend for CutBackend {
     }
     fn kill(&self, id: &str) -> Result<Killed> {
         self.inner.kill(id)
+    }
+    fn pause(&self, id: &str, kind: PauseKind) -> Result<Paused> {
+        self.inner.pause(id, kind)
     }
 }
 

@@ -107,6 +107,7 @@ pub fn spec() -> CreateSpec {
         metadata,
         envs: Vec::new(),
         internet: true,
+        on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
     }
 }
 

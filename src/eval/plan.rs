@@ -12,7 +12,7 @@ use super::shard::Shard;
 use super::{Harness, HarnessFiles};
 use crate::pool::{self, PoolConfig};
 use crate::runner::BootstrapOpts;
-use crate::sandbox::{CreateSpec, Metadata};
+use crate::sandbox::{CreateSpec, Metadata, OnTimeout};
 use crate::task::{parse_shard_dir_name, TaskError, TaskList};
 use crate::tree::{self, TreeBounds};
 
@@ -192,6 +192,7 @@ impl EvalPlan {
                 metadata: Metadata::new(),
                 envs: Vec::new(),
                 internet: true,
+                on_timeout: OnTimeout::Kill,
             },
             lease: pool::lease_for(max_episode),
             lifetime: pool::lifetime_for(max_episode),

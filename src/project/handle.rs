@@ -13,8 +13,8 @@ use super::{
 use crate::sandbox::ledger::unix_now;
 use crate::sandbox::shell_quote;
 use crate::sandbox::{
-    contained_path, Backend, Captured, CreateSpec, ErrorClass, Killed, Metadata, RunOpts, Sandbox,
-    SandboxError,
+    contained_path, Backend, Captured, CreateSpec, ErrorClass, Killed, Metadata, OnTimeout,
+    RunOpts, Sandbox, SandboxError,
 };
 use crate::tree::TreeBounds;
 
@@ -416,6 +416,7 @@ fn create_sandbox(
             metadata: Metadata::new(),
             envs: Vec::new(),
             internet: true,
+            on_timeout: OnTimeout::Kill,
         })
         .map_err(ProjectError::sandbox("create the project sandbox"))
 }

@@ -13,8 +13,8 @@ use super::ledger::{
     TAG_LEASE, TAG_OWNER, TAG_RUN,
 };
 use super::{
-    Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, Process, ProcessInfo, Result,
-    RunOpts, Sandbox, SandboxError, SandboxSummary, SpawnOpts,
+    Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, PauseKind, Paused, Process,
+    ProcessInfo, Result, RunOpts, Sandbox, SandboxError, SandboxSummary, SpawnOpts,
 };
 use crate::sync::lock;
 
@@ -187,6 +187,10 @@ impl Backend for LeasedBackend {
                 Err(e)
             }
         }
+    }
+
+    fn pause(&self, id: &str, kind: PauseKind) -> Result<Paused> {
+        self.inner.pause(id, kind)
     }
 }
 

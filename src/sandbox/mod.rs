@@ -262,6 +262,26 @@ pub trait Sandbox: Send + Sync {
     fn set_internet(&self, allowed: bool) -> Result<()>;
 }
 
+/// How a sandbox is paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseKind {
+    /// Every process is stopped where it is and continues on resume; the files stay.
+    Memory,
+    /// Every process ends and the files stay: a resume starts the sandbox again, without
+    /// its runner or services (a reboot).
+    Filesystem,
+}
+
+/// What a sandbox does when its deadline passes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnTimeout {
+    /// It dies.
+    #[default]
+    Kill,
+    /// It is paused, and lives on (at no deadline) until it is resumed or killed.
+    Pause(PauseKind),
+}
+
 /// What a new sandbox should be.
 #[derive(Debug, Clone, Default)]
 pub struct CreateSpec {
@@ -270,6 +290,25 @@ pub struct CreateSpec {
     pub metadata: Metadata,
     pub envs: Vec<(String, String)>,
     pub internet: bool,
+    pub on_timeout: OnTimeout,
+}
+
+/// Whether a sandbox runs or is paused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RunState {
+    #[default]
+    Running,
+    Paused,
+}
+
+impl RunState {
+    /// The word E2B uses (`running`, `paused`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Running => "running",
+            RunState::Paused => "paused",
+        }
+    }
 }
 
 /// A sandbox as a list call reports it.
@@ -280,8 +319,9 @@ pub struct SandboxSummary {
     pub metadata: Metadata,
     /// Unix seconds.
     pub created: u64,
-    /// Unix seconds.
+    /// Unix seconds; for a paused sandbox, when it was to end before it was paused.
     pub deadline: u64,
+    pub state: RunState,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,14 +330,26 @@ pub enum Killed {
     AlreadyGone,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paused {
+    Now,
+    /// It was paused before this call (E2B's 409).
+    AlreadyPaused,
+}
+
 pub trait Backend: Send + Sync {
     /// A short name for messages and metadata ("local", "e2b").
     fn name(&self) -> &'static str;
     fn create(&self, spec: &CreateSpec) -> Result<Arc<dyn Sandbox>>;
+    /// Opens a sandbox by id, resuming it first when it is paused (as E2B's connect does).
     fn connect(&self, id: &str) -> Result<Arc<dyn Sandbox>>;
-    /// Live sandboxes whose metadata holds every pair of `filter`.
+    /// Live sandboxes, running and paused, whose metadata holds every pair of `filter`.
     fn list(&self, filter: &Metadata) -> Result<Vec<SandboxSummary>>;
+    /// Kills a sandbox, running or paused.
     fn kill(&self, id: &str) -> Result<Killed>;
+    /// Pauses a running sandbox; it keeps no deadline while paused, and the next
+    /// [`Backend::connect`] resumes it.
+    fn pause(&self, id: &str, kind: PauseKind) -> Result<Paused>;
 }
 
 /// Refuses an id the backend could never have made (`well_formed` says whether `id` is one),

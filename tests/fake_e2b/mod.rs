@@ -330,6 +330,7 @@ pub fn spec() -> CreateSpec {
         metadata,
         envs: vec![("A".into(), "1".into())],
         internet: false,
+        on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
     }
 }
 

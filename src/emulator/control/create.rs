@@ -18,7 +18,7 @@ use crate::emulator::faults::CreateFault;
 use crate::emulator::http::{Request, Response};
 use crate::emulator::state::{NetworkState, SandboxEntry, Shared, Table};
 use crate::sandbox::e2b::is_idempotency_key;
-use crate::sandbox::{Backend, CreateSpec, Metadata, Sandbox};
+use crate::sandbox::{Backend, CreateSpec, Metadata, OnTimeout, Sandbox};
 use crate::sync::lock;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -235,6 +235,7 @@ fn create_sandbox(shared: &Shared, wanted: Wanted) -> Result<Arc<SandboxEntry>, 
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         internet: wanted.net.internet,
+        on_timeout: OnTimeout::Kill,
     };
     let created = shared.backend.create_local(&spec);
     let token = if wanted.secure {

@@ -19,7 +19,10 @@ use super::error::{
 use super::gate::Clock;
 use super::retry::{is_idempotency_key, Retries, RetryPolicy};
 use crate::backoff::Backoff;
-use crate::sandbox::{ErrorClass, Killed, Metadata, Result, SandboxError, SandboxSummary};
+use crate::sandbox::{
+    ErrorClass, Killed, Metadata, OnTimeout, PauseKind, Paused, Result, RunState, SandboxError,
+    SandboxSummary,
+};
 
 /// Largest control-plane answer we read; a page of 100 sandboxes is far smaller.
 const MAX_BODY: u64 = 8 << 20;
@@ -46,6 +49,7 @@ pub struct NewSandbox {
     /// gets the sandbox the first one made instead of a second. Only a key of the documented
     /// form (1-255 of `[a-z0-9-]`) is sent.
     pub idempotency_key: Option<String>,
+    pub on_timeout: OnTimeout,
 }
 
 /// The parts of a create/connect answer a sandbox handle needs.
@@ -106,6 +110,10 @@ impl Listed {
             metadata: self.metadata.unwrap_or_default(),
             created: self.started_at.as_deref().and_then(unix_secs).unwrap_or(0),
             deadline: self.end_at.as_deref().and_then(unix_secs).unwrap_or(0),
+            state: match self.state.as_deref() {
+                Some("paused") => RunState::Paused,
+                _ => RunState::Running,
+            },
         }
     }
 
@@ -291,6 +299,12 @@ impl Api {
             "envVars": new.env_vars,
             "allow_internet_access": new.internet,
         });
+        if let OnTimeout::Pause(kind) = new.on_timeout {
+            // Resuming on the next connect is ours to do; an envd request alone wakes nothing.
+            body["autoPause"] = Value::Bool(true);
+            body["autoPauseMemory"] = Value::Bool(kind == PauseKind::Memory);
+            body["autoResume"] = json!({ "enabled": false });
+        }
         let key = new
             .idempotency_key
             .as_deref()
@@ -362,7 +376,7 @@ impl Api {
         Ok(listed.into_detail())
     }
 
-    /// Running sandboxes whose metadata holds every pair of `filter`, across all pages.
+    /// Sandboxes, running and paused, whose metadata holds every pair of `filter`, across all pages.
     pub fn list(&self, filter: &Metadata) -> Result<Vec<SandboxSummary>> {
         let op = ApiOp::List;
         let metadata = metadata_query(filter);
@@ -375,7 +389,9 @@ impl Api {
                 if !metadata.is_empty() {
                     req = req.query("metadata", &metadata);
                 }
-                req = req.query("state", "running").query("limit", PAGE_LIMIT);
+                req = req
+                    .query("state", "running,paused")
+                    .query("limit", PAGE_LIMIT);
                 if let Some(t) = &token {
                     req = req.query("nextToken", t);
                 }
@@ -412,6 +428,19 @@ impl Api {
         match resp.status().as_u16() {
             404 => Ok(Killed::AlreadyGone),
             s if (200..300).contains(&s) => Ok(Killed::Now),
+            _ => Err(status_failure(op, Some(id), resp)),
+        }
+    }
+
+    /// Pauses a running sandbox: 204 paused, 409 paused already, 404 gone.
+    pub fn pause(&self, id: &str, kind: PauseKind) -> Result<Paused> {
+        let op = ApiOp::Pause;
+        let body = json!({ "memory": kind == PauseKind::Memory });
+        let path = format!("/sandboxes/{id}/pause");
+        let resp = self.call_json(op, Some(id), Agent::post, &path, &body)?;
+        match resp.status().as_u16() {
+            409 => Ok(Paused::AlreadyPaused),
+            s if (200..300).contains(&s) => Ok(Paused::Now),
             _ => Err(status_failure(op, Some(id), resp)),
         }
     }

@@ -19,8 +19,8 @@ use super::retry::RetryPolicy;
 use super::sandbox::E2bSandbox;
 use crate::sandbox::ledger::TAG_LEASE;
 use crate::sandbox::{
-    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
-    SandboxSummary,
+    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, PauseKind, Paused, Result,
+    Sandbox, SandboxError, SandboxSummary,
 };
 use crate::sync::lock;
 
@@ -256,6 +256,7 @@ impl E2bBackend {
             internet: spec.internet,
             // The lease id is unique per create and already of the key's form.
             idempotency_key: spec.metadata.get(TAG_LEASE).cloned(),
+            on_timeout: spec.on_timeout,
         };
         let access = self.api.create(&new, &|| {
             self.gate
@@ -348,6 +349,11 @@ impl Backend for E2bBackend {
             self.slots.release();
         }
         Ok(killed)
+    }
+
+    fn pause(&self, id: &str, kind: PauseKind) -> Result<Paused> {
+        check_e2b_id(id)?;
+        self.api.pause(id, kind)
     }
 }
 

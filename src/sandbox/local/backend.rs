@@ -20,8 +20,8 @@ use super::state::{HostConfig, Mode, SandboxState};
 use super::sys;
 use super::teardown::{self, STAGING_PREFIX, TOMB_PREFIX};
 use crate::sandbox::{
-    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, Result, Sandbox, SandboxError,
-    SandboxSummary,
+    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, PauseKind, Paused, Result,
+    RunState, Sandbox, SandboxError, SandboxSummary,
 };
 use crate::sync::lock;
 
@@ -300,6 +300,7 @@ impl Backend for LocalBackend {
                     metadata: m.metadata,
                     created: m.created,
                     deadline: m.deadline,
+                    state: RunState::Running,
                 });
             }
         }
@@ -310,6 +311,13 @@ impl Backend for LocalBackend {
     fn kill(&self, id: &str) -> Result<Killed> {
         check_local_id(id)?;
         self.shared.destroy(id)
+    }
+
+    fn pause(&self, id: &str, _kind: PauseKind) -> Result<Paused> {
+        check_local_id(id)?;
+        Err(SandboxError::Unsupported(
+            "local sandboxes cannot be paused yet".into(),
+        ))
     }
 }
 

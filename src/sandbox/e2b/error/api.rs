@@ -16,6 +16,7 @@ pub enum ApiOp {
     Kill,
     SetTimeout,
     SetNetwork,
+    Pause,
 }
 
 impl ApiOp {
@@ -28,6 +29,7 @@ impl ApiOp {
             ApiOp::Kill => "killing a sandbox",
             ApiOp::SetTimeout => "setting a sandbox timeout",
             ApiOp::SetNetwork => "updating a sandbox network",
+            ApiOp::Pause => "pausing a sandbox",
         }
     }
 
