@@ -133,7 +133,7 @@ pub fn plan(
         if lease.state == LeaseState::Retired && found.is_empty() {
             continue;
         }
-        let Some(reason) = lease_reason(lease, started, state_dir) else {
+        let Some(reason) = lease_reason(lease, started, state_dir, !found.is_empty()) else {
             continue;
         };
         let owner = lease.owner.tag();
@@ -210,11 +210,12 @@ pub fn plan(
 }
 
 /// Why a lease may be reaped, or `None` when its owner may still be using it. A project's
-/// sandbox belongs to the project, not to the command that created it: it is held for as long
-/// as the project names its lease.
-fn lease_reason(lease: &LeaseRecord, now: u64, state_dir: &Path) -> Option<String> {
+/// sandbox belongs to the project, not to the command that created it: it is held, running
+/// or paused, for as long as the project names its lease (`project close` kills it); only
+/// the record of one the backend no longer lists is retired.
+fn lease_reason(lease: &LeaseRecord, now: u64, state_dir: &Path, listed: bool) -> Option<String> {
     if lease.kind == "project" && crate::project::lease_is_held(state_dir, &lease.lease) {
-        return (now > lease.deadline).then(|| "past its deadline".to_string());
+        return (!listed).then(|| "its project's sandbox ended".to_string());
     }
     match lease.owner.liveness() {
         Liveness::Dead => Some(format!("owner pid {} is gone", lease.owner.pid)),
@@ -282,7 +283,7 @@ fn reap_one(
     if let Some(path) = &c.lease_path {
         if let Ok(bytes) = std::fs::read(path) {
             if let Ok(now) = serde_json::from_slice::<LeaseRecord>(&bytes) {
-                if lease_reason(&now, unix_now(), state_dir).is_none() {
+                if lease_reason(&now, unix_now(), state_dir, c.action == Action::Kill).is_none() {
                     return outcome("skipped", Some("the lease's owner is alive".into()));
                 }
             }

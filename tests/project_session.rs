@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 use wmo_e2b::cancel::CancelToken;
 use wmo_e2b::project::session::{run_turn, TurnError, TurnOptions, TurnResult};
-use wmo_e2b::project::Project;
+use wmo_e2b::project::{OnIdle, Project};
 use wmo_e2b::provider::scripted::FixedScript;
 use wmo_e2b::provider::{Completion, ModelCall, Provider, ProviderError};
 use wmo_e2b::sandbox::local::LocalBackend;
@@ -50,6 +50,9 @@ impl Backend for CutBackend {
     }
     fn list(&self, filter: &Metadata) -> Result<Vec<SandboxSummary>> {
         self.inner.list(filter)
+    }
+    fn describe(&self, id: &str) -> Result<SandboxSummary> {
+        self.inner.describe(id)
     }
     fn kill(&self, id: &str) -> Result<Killed> {
         self.inner.kill(id)
@@ -165,7 +168,15 @@ fn steps(v: serde_json::Value) -> Vec<ScriptStep> {
 
 /// A project named `p` with its state under `dir`.
 fn project_on(dir: &Path, backend: Arc<dyn Backend>) -> Project {
-    Project::create(dir, "p", backend, None, Duration::from_secs(600)).unwrap()
+    Project::create(
+        dir,
+        "p",
+        backend,
+        None,
+        Duration::from_secs(600),
+        OnIdle::Kill,
+    )
+    .unwrap()
 }
 
 /// One turn, uncancelled, its event log discarded.

@@ -8,10 +8,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use wmo_e2b::project::session::{self, TurnOptions};
-use wmo_e2b::project::{self, Notice, Project, ProjectError};
+use wmo_e2b::project::{self, Notice, OnIdle, Project, ProjectError, ProjectState};
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
-use wmo_e2b::sandbox::Backend;
+use wmo_e2b::sandbox::{Backend, Killed, PauseKind, Paused};
 use wmo_e2b::tree::TreeBounds;
 
 use super::{open_backend_with, BackendKind, Exit, LocalArgs, ModelApiArgs, UsageError};
@@ -31,9 +31,25 @@ pub enum ProjectCommand {
         backend: BackendKind,
         #[arg(long)]
         template: Option<String>,
-        /// Sandbox lifetime (a later command replaces an expired sandbox from the mirror).
+        /// How long the sandbox stays up after the last project command before --on-idle
+        /// applies (with `kill`, its whole lifetime; a later command then replaces it from
+        /// the mirror).
         #[arg(long, default_value = "6h", value_parser = super::bounds::duration)]
         timeout: Duration,
+        /// What the idle sandbox does: `pause` keeps memory and files (processes continue on
+        /// the next command), `pause-filesystem` keeps the files only, `kill` ends it.
+        #[arg(long, value_enum, default_value = "pause")]
+        on_idle: IdleArg,
+    },
+    /// Pause the project's sandbox now (the next project command resumes it).
+    Pause {
+        name: String,
+        /// Keep only the files: processes end, and the resume is a fresh start.
+        #[arg(long)]
+        filesystem_only: bool,
+        /// Default: the backend the project was created on.
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
     },
     /// List projects.
     List {
@@ -114,6 +130,23 @@ pub enum ProjectCommand {
     },
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum IdleArg {
+    Pause,
+    PauseFilesystem,
+    Kill,
+}
+
+impl From<IdleArg> for OnIdle {
+    fn from(a: IdleArg) -> OnIdle {
+        match a {
+            IdleArg::Pause => OnIdle::Pause,
+            IdleArg::PauseFilesystem => OnIdle::PauseFilesystem,
+            IdleArg::Kill => OnIdle::Kill,
+        }
+    }
+}
+
 fn leased(kind: BackendKind, name: &str, local: &LocalArgs) -> Result<Arc<dyn Backend>> {
     let ledger = Ledger::open(&state_dir(), &format!("project:{name}"))
         .context("cannot open the lease ledger")?;
@@ -151,6 +184,7 @@ fn open(kind: Option<BackendKind>, name: &str, local: &LocalArgs) -> Result<Proj
             Notice::Replaced { old, new, files } => eprintln!(
                 "note: project {name}'s sandbox {old} was gone; created {new} and replayed {files} mirrored file(s) (files written by commands inside the sandbox are lost)"
             ),
+            Notice::Resumed { id } => eprintln!("note: resumed project {name}'s paused sandbox {id}"),
         }
     }
     Ok(p)
@@ -188,8 +222,14 @@ pub fn run(args: ProjectArgs) -> Result<Exit> {
             backend,
             template,
             timeout,
-        } => create(&name, backend, template, timeout, local),
-        ProjectCommand::List { json } => list(json),
+            on_idle,
+        } => create(&name, backend, template, timeout, on_idle.into(), local),
+        ProjectCommand::Pause {
+            name,
+            filesystem_only,
+            backend,
+        } => pause(&name, filesystem_only, backend, local),
+        ProjectCommand::List { json } => list(json, local),
         ProjectCommand::Close { name, backend } => close(&name, backend, local),
         ProjectCommand::Put {
             name,
@@ -248,6 +288,7 @@ fn create(
     backend: BackendKind,
     template: Option<String>,
     timeout: Duration,
+    on_idle: OnIdle,
     local: &LocalArgs,
 ) -> Result<Exit> {
     let p = Project::create(
@@ -256,38 +297,89 @@ fn create(
         leased(backend, name, local)?,
         template,
         timeout,
+        on_idle,
     )
     .map_err(user_facing)?;
     println!("created project {name} (sandbox {})", p.state().sandbox_id);
     Ok(Exit::Success)
 }
 
-fn list(json: bool) -> Result<Exit> {
+fn pause(
+    name: &str,
+    filesystem_only: bool,
+    backend: Option<BackendKind>,
+    local: &LocalArgs,
+) -> Result<Exit> {
+    let kind = if filesystem_only {
+        PauseKind::Filesystem
+    } else {
+        PauseKind::Memory
+    };
+    let backend = leased(backend_of(name, backend), name, local)?;
+    let outcome =
+        Project::pause(&state_dir(), name, backend.as_ref(), kind).map_err(user_facing)?;
+    match outcome {
+        Some(Paused::Now) => println!("paused project {name}"),
+        Some(Paused::AlreadyPaused) => println!("project {name} was paused already"),
+        None => println!(
+            "project {name}'s sandbox is gone; the next command replaces it from the mirror"
+        ),
+    }
+    Ok(Exit::Success)
+}
+
+fn list(json: bool, local: &LocalArgs) -> Result<Exit> {
     let all = project::list(&state_dir());
+    let states: Vec<&'static str> = all.iter().map(|p| sandbox_state(p, local)).collect();
     if json {
-        println!("{}", serde_json::to_string(&all)?);
+        let rows: Vec<serde_json::Value> = all
+            .iter()
+            .zip(&states)
+            .map(|(p, state)| {
+                let mut v = serde_json::to_value(p).unwrap_or_default();
+                v["sandbox_state"] = serde_json::json!(state);
+                v
+            })
+            .collect();
+        println!("{}", serde_json::to_string(&rows)?);
     } else if all.is_empty() {
         println!("no projects");
     } else {
         println!(
-            "{:<24}  {:<7}  {:<24}  replaced",
-            "project", "backend", "sandbox"
+            "{:<24}  {:<7}  {:<24}  {:<8}  replaced",
+            "project", "backend", "sandbox", "state"
         );
-        for p in all {
+        for (p, state) in all.iter().zip(&states) {
             println!(
-                "{:<24}  {:<7}  {:<24}  {}",
-                p.name, p.backend, p.sandbox_id, p.replacements
+                "{:<24}  {:<7}  {:<24}  {:<8}  {}",
+                p.name, p.backend, p.sandbox_id, state, p.replacements
             );
         }
     }
     Ok(Exit::Success)
 }
 
+/// `running`, `paused`, `gone`, or `unknown` when the backend cannot be asked.
+fn sandbox_state(p: &ProjectState, local: &LocalArgs) -> &'static str {
+    let Ok(backend) = leased(backend_of(&p.name, None), &p.name, local) else {
+        return "unknown";
+    };
+    match Project::sandbox_state(&state_dir(), &p.name, backend.as_ref()) {
+        Ok(Some(state)) => state.as_str(),
+        Ok(None) => "gone",
+        Err(_) => "unknown",
+    }
+}
+
 fn close(name: &str, backend: Option<BackendKind>, local: &LocalArgs) -> Result<Exit> {
-    let p = open(backend, name, local)?;
-    let id = p.state().sandbox_id.clone();
-    p.close().map_err(user_facing)?;
-    println!("closed project {name} (sandbox {id} killed)");
+    let backend = leased(backend_of(name, backend), name, local)?;
+    let (state, killed) =
+        Project::close(&state_dir(), name, backend.as_ref()).map_err(user_facing)?;
+    let id = state.sandbox_id;
+    match killed {
+        Killed::Now => println!("closed project {name} (sandbox {id} killed)"),
+        Killed::AlreadyGone => println!("closed project {name} (sandbox {id} was gone already)"),
+    }
     Ok(Exit::Success)
 }
 
@@ -451,10 +543,11 @@ fn run_turn(args: RunArgs, local: &LocalArgs) -> Result<Exit> {
     let cancel = wmo_e2b::cancel::CancelToken::new();
     let result = session::run_turn(&mut p, provider.as_ref(), &opts, &cancel, &mut log);
     for n in p.take_notices() {
-        let Notice::Replaced { old, new, files } = n;
-        eprintln!(
-            "note: the turn moved from sandbox {old} to {new} ({files} mirrored file(s) replayed)"
-        );
+        if let Notice::Replaced { old, new, files } = n {
+            eprintln!(
+                "note: the turn moved from sandbox {old} to {new} ({files} mirrored file(s) replayed)"
+            );
+        }
     }
     let r = result.context("the project turn failed")?;
     if args.json {

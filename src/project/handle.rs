@@ -1,5 +1,5 @@
-//! An open project: its sandbox (replaced and replayed from the mirror when it is gone),
-//! its mirror, and what can be done with it.
+//! An open project: its sandbox (resumed when paused, replaced and replayed from the mirror
+//! when it is gone), its mirror, and what can be done with it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    project_path, projects_dir, validate_name, ExecOutput, Notice, ProjectError, ProjectState,
-    EXEC_KILL_AFTER, MAX_EXEC_OUTPUT, WORKSPACE_DIR,
+    project_path, projects_dir, validate_name, ExecOutput, Notice, OnIdle, ProjectError,
+    ProjectState, EXEC_KILL_AFTER, MAX_EXEC_OUTPUT, WORKSPACE_DIR,
 };
 use crate::sandbox::ledger::unix_now;
 use crate::sandbox::shell_quote;
 use crate::sandbox::{
-    contained_path, Backend, Captured, CreateSpec, ErrorClass, Killed, Metadata, OnTimeout,
-    RunOpts, Sandbox, SandboxError,
+    contained_path, Backend, Captured, CreateSpec, ErrorClass, Killed, Metadata, PauseKind, Paused,
+    RunOpts, RunState, Sandbox, SandboxError,
 };
 use crate::tree::TreeBounds;
 
@@ -36,6 +36,7 @@ impl Project {
         backend: Arc<dyn Backend>,
         template: Option<String>,
         timeout: Duration,
+        on_idle: OnIdle,
     ) -> Result<Project, ProjectError> {
         validate_name(name)?;
         let dir = projects_dir(state_dir).join(name);
@@ -54,7 +55,7 @@ impl Project {
                 .create(dir.join("mirror"))
                 .map_err(state_err("create", &dir))?;
         }
-        let sandbox = create_sandbox(backend.as_ref(), template.as_deref(), timeout)?;
+        let sandbox = create_sandbox(backend.as_ref(), template.as_deref(), timeout, on_idle)?;
         let state = ProjectState {
             name: name.to_string(),
             backend: backend.name().to_string(),
@@ -64,6 +65,7 @@ impl Project {
             timeout_secs: timeout.as_secs(),
             created: unix_now(),
             replacements: 0,
+            on_idle,
         };
         let project = Project {
             state_dir: state_dir.to_path_buf(),
@@ -81,65 +83,114 @@ impl Project {
         Ok(project)
     }
 
-    /// Opens an existing project; a sandbox that is gone is replaced and the mirror replayed.
+    /// Opens an existing project: a paused sandbox is resumed, one that is gone is replaced
+    /// and the mirror replayed. A project that pauses when idle gets its whole idle window
+    /// again from now.
     pub fn open(
         state_dir: &Path,
         name: &str,
         backend: Arc<dyn Backend>,
     ) -> Result<Project, ProjectError> {
-        validate_name(name)?;
-        let dir = projects_dir(state_dir).join(name);
-        let path = dir.join("project.json");
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(ProjectError::NotFound(name.to_string()))
+        let (dir, state) = load(state_dir, name, backend.as_ref())?;
+        let mut notices = Vec::new();
+        let sandbox = match backend.describe(&state.sandbox_id) {
+            Ok(found) => {
+                let sandbox = match backend.connect(&state.sandbox_id) {
+                    Ok(s) => Some(s),
+                    Err(e) if e.class() == ErrorClass::Gone => None,
+                    Err(e) => {
+                        return Err(ProjectError::sandbox("connect to the project sandbox")(e))
+                    }
+                };
+                if sandbox.is_some() && found.state == RunState::Paused {
+                    notices.push(Notice::Resumed {
+                        id: state.sandbox_id.clone(),
+                    });
+                }
+                sandbox
             }
-            Err(source) => {
-                return Err(ProjectError::State {
-                    what: "read",
-                    path,
-                    source,
-                })
-            }
-        };
-        let state: ProjectState =
-            serde_json::from_slice(&bytes).map_err(|e| ProjectError::State {
-                what: "parse",
-                path: path.clone(),
-                source: e.into(),
-            })?;
-        if state.backend != backend.name() {
-            return Err(ProjectError::WrongBackend {
-                name: name.to_string(),
-                backend: state.backend,
-                wanted: backend.name().to_string(),
-            });
-        }
-        let sandbox = match backend.connect(&state.sandbox_id) {
-            Ok(s) => Some(s),
             Err(e) if e.class() == ErrorClass::Gone => None,
-            Err(e) => return Err(ProjectError::sandbox("connect to the project sandbox")(e)),
+            Err(e) => return Err(ProjectError::sandbox("look up the project sandbox")(e)),
         };
+        let replaced = sandbox.is_none();
         let mut project = Project {
             state_dir: state_dir.to_path_buf(),
             dir,
-            sandbox: match &sandbox {
-                Some(s) => s.clone(),
+            sandbox: match sandbox {
+                Some(s) => s,
                 None => create_sandbox(
                     backend.as_ref(),
                     state.template.as_deref(),
                     Duration::from_secs(state.timeout_secs),
+                    state.on_idle,
                 )?,
             },
             state,
             backend,
-            notices: Vec::new(),
+            notices,
         };
-        if sandbox.is_none() {
+        if replaced {
             project.adopt_replacement()?;
+        } else if project.state.on_idle != OnIdle::Kill {
+            project
+                .sandbox
+                .set_timeout(project.state.timeout_secs)
+                .map_err(ProjectError::sandbox(
+                    "renew the project sandbox's idle timeout",
+                ))?;
         }
         Ok(project)
+    }
+
+    /// Pauses the project's sandbox without resuming it first; `None` when it is gone (the
+    /// next command replaces it).
+    pub fn pause(
+        state_dir: &Path,
+        name: &str,
+        backend: &dyn Backend,
+        kind: PauseKind,
+    ) -> Result<Option<Paused>, ProjectError> {
+        let (_, state) = load(state_dir, name, backend)?;
+        match backend.pause(&state.sandbox_id, kind) {
+            Ok(p) => Ok(Some(p)),
+            Err(e) if e.class() == ErrorClass::Gone => Ok(None),
+            Err(e) => Err(ProjectError::sandbox("pause the project sandbox")(e)),
+        }
+    }
+
+    /// Whether the project's sandbox runs, is paused, or is gone (`None`), without resuming it.
+    pub fn sandbox_state(
+        state_dir: &Path,
+        name: &str,
+        backend: &dyn Backend,
+    ) -> Result<Option<RunState>, ProjectError> {
+        let (_, state) = load(state_dir, name, backend)?;
+        match backend.describe(&state.sandbox_id) {
+            Ok(s) => Ok(Some(s.state)),
+            Err(e) if e.class() == ErrorClass::Gone => Ok(None),
+            Err(e) => Err(ProjectError::sandbox("look up the project sandbox")(e)),
+        }
+    }
+
+    /// Kills the project's sandbox, running or paused (retiring its lease), and removes the
+    /// project's state. A sandbox that is gone already is not replaced first.
+    pub fn close(
+        state_dir: &Path,
+        name: &str,
+        backend: &dyn Backend,
+    ) -> Result<(ProjectState, Killed), ProjectError> {
+        let (dir, state) = load(state_dir, name, backend)?;
+        let killed = match backend.kill(&state.sandbox_id) {
+            Ok(k) => k,
+            Err(e) if e.class() == ErrorClass::Gone => Killed::AlreadyGone,
+            Err(e) => return Err(ProjectError::sandbox("kill the project sandbox")(e)),
+        };
+        std::fs::remove_dir_all(&dir).map_err(|source| ProjectError::State {
+            what: "remove",
+            path: dir.clone(),
+            source,
+        })?;
+        Ok((state, killed))
     }
 
     /// Replays the mirror into a freshly created sandbox and records it.
@@ -177,6 +228,7 @@ impl Project {
             self.backend.as_ref(),
             self.state.template.as_deref(),
             Duration::from_secs(self.state.timeout_secs),
+            self.state.on_idle,
         )?;
         let old = std::mem::replace(&mut self.sandbox, fresh);
         self.adopt_replacement()?;
@@ -385,29 +437,53 @@ impl Project {
         Ok(targets.len())
     }
 
-    /// Kills the sandbox (retiring its lease) and removes the project's state.
-    pub fn close(self) -> Result<Killed, ProjectError> {
-        let killed = self
-            .backend
-            .kill(self.sandbox.id())
-            .map_err(ProjectError::sandbox("kill the project sandbox"))?;
-        std::fs::remove_dir_all(&self.dir).map_err(|source| ProjectError::State {
-            what: "remove",
-            path: self.dir.clone(),
-            source,
-        })?;
-        Ok(killed)
-    }
-
     pub fn state_dir(&self) -> &Path {
         &self.state_dir
     }
+}
+
+/// Reads a project's recorded state, refusing one made on another backend.
+fn load(
+    state_dir: &Path,
+    name: &str,
+    backend: &dyn Backend,
+) -> Result<(PathBuf, ProjectState), ProjectError> {
+    validate_name(name)?;
+    let dir = projects_dir(state_dir).join(name);
+    let path = dir.join("project.json");
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ProjectError::NotFound(name.to_string()))
+        }
+        Err(source) => {
+            return Err(ProjectError::State {
+                what: "read",
+                path,
+                source,
+            })
+        }
+    };
+    let state: ProjectState = serde_json::from_slice(&bytes).map_err(|e| ProjectError::State {
+        what: "parse",
+        path: path.clone(),
+        source: e.into(),
+    })?;
+    if state.backend != backend.name() {
+        return Err(ProjectError::WrongBackend {
+            name: name.to_string(),
+            backend: state.backend,
+            wanted: backend.name().to_string(),
+        });
+    }
+    Ok((dir, state))
 }
 
 fn create_sandbox(
     backend: &dyn Backend,
     template: Option<&str>,
     timeout: Duration,
+    on_idle: OnIdle,
 ) -> Result<Arc<dyn Sandbox>, ProjectError> {
     backend
         .create(&CreateSpec {
@@ -416,7 +492,7 @@ fn create_sandbox(
             metadata: Metadata::new(),
             envs: Vec::new(),
             internet: true,
-            on_timeout: OnTimeout::Kill,
+            on_timeout: on_idle.on_timeout(),
         })
         .map_err(ProjectError::sandbox("create the project sandbox"))
 }
@@ -424,10 +500,8 @@ fn create_sandbox(
 /// The lease tag the backend put on a sandbox.
 fn lease_of(backend: &dyn Backend, id: &str) -> Option<String> {
     backend
-        .list(&Metadata::new())
+        .describe(id)
         .ok()?
-        .into_iter()
-        .find(|s| s.id == id)?
         .metadata
         .get(crate::sandbox::ledger::TAG_LEASE)
         .cloned()

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sandbox::SandboxError;
+use crate::sandbox::{OnTimeout, PauseKind, SandboxError};
 use crate::tree::TreeError;
 pub use handle::Project;
 
@@ -41,6 +41,34 @@ pub struct ProjectState {
     pub created: u64,
     /// How many times the sandbox was replaced.
     pub replacements: u32,
+    /// What the sandbox does once `timeout_secs` pass without a project command. Projects
+    /// recorded before pausing existed were killed.
+    #[serde(default)]
+    pub on_idle: OnIdle,
+}
+
+/// What a project's sandbox does when it has been idle for the project's timeout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnIdle {
+    /// It dies; the next command replaces it and replays the mirror.
+    #[default]
+    Kill,
+    /// It pauses with its memory (processes continue on the next command).
+    Pause,
+    /// It pauses with its files only (the next command finds the files, no processes).
+    PauseFilesystem,
+}
+
+impl OnIdle {
+    /// What the sandbox is created to do at its deadline.
+    pub fn on_timeout(self) -> OnTimeout {
+        match self {
+            OnIdle::Kill => OnTimeout::Kill,
+            OnIdle::Pause => OnTimeout::Pause(PauseKind::Memory),
+            OnIdle::PauseFilesystem => OnTimeout::Pause(PauseKind::Filesystem),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +118,8 @@ impl ProjectError {
 /// What a command should tell the user besides its result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
+    /// The sandbox was paused; connecting resumed it.
+    Resumed { id: String },
     /// The sandbox was gone; a new one was created and the mirror replayed into it.
     Replaced {
         old: String,

@@ -176,6 +176,10 @@ impl Backend for LeasedBackend {
         self.inner.list(filter)
     }
 
+    fn describe(&self, id: &str) -> Result<SandboxSummary> {
+        self.inner.describe(id)
+    }
+
     fn kill(&self, id: &str) -> Result<Killed> {
         match self.inner.kill(id) {
             Ok(k) => {

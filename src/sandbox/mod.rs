@@ -345,6 +345,9 @@ pub trait Backend: Send + Sync {
     fn connect(&self, id: &str) -> Result<Arc<dyn Sandbox>>;
     /// Live sandboxes, running and paused, whose metadata holds every pair of `filter`.
     fn list(&self, filter: &Metadata) -> Result<Vec<SandboxSummary>>;
+    /// One sandbox as [`Backend::list`] reports it, without resuming it; `Gone` when it no
+    /// longer exists.
+    fn describe(&self, id: &str) -> Result<SandboxSummary>;
     /// Kills a sandbox, running or paused.
     fn kill(&self, id: &str) -> Result<Killed>;
     /// Pauses a running sandbox; it keeps no deadline while paused, and the next

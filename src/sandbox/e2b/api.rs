@@ -369,11 +369,19 @@ impl Api {
     }
 
     pub fn info(&self, id: &str) -> Result<SandboxDetail> {
+        Ok(self.listed(id)?.into_detail())
+    }
+
+    /// One sandbox as a list reports it: `GET /sandboxes/{id}`, not a list of the team.
+    pub fn describe(&self, id: &str) -> Result<SandboxSummary> {
+        Ok(self.listed(id)?.into_summary())
+    }
+
+    fn listed(&self, id: &str) -> Result<Listed> {
         let op = ApiOp::Info;
         let resp = self.call(op, Some(id), Agent::get, &format!("/sandboxes/{id}"))?;
         let resp = expect(op, Some(id), resp, &[200])?;
-        let listed: Listed = self.json(op, Some(id), resp)?;
-        Ok(listed.into_detail())
+        self.json(op, Some(id), resp)
     }
 
     /// Sandboxes, running and paused, whose metadata holds every pair of `filter`, across all pages.

@@ -340,6 +340,11 @@ impl Backend for E2bBackend {
         self.api.list(filter)
     }
 
+    fn describe(&self, id: &str) -> Result<SandboxSummary> {
+        check_e2b_id(id)?;
+        self.api.describe(id)
+    }
+
     /// Kills, repeating as the server allows; an error means the kill is not proven.
     fn kill(&self, id: &str) -> Result<Killed> {
         check_e2b_id(id)?;

@@ -308,6 +308,15 @@ impl Backend for LocalBackend {
         Ok(out)
     }
 
+    fn describe(&self, id: &str) -> Result<SandboxSummary> {
+        check_local_id(id)?;
+        // One directory scan: cheap here, and the one place a sandbox's summary is built.
+        self.list(&Metadata::new())?
+            .into_iter()
+            .find(|s| s.id == id)
+            .ok_or_else(|| SandboxError::Gone { id: id.to_string() })
+    }
+
     fn kill(&self, id: &str) -> Result<Killed> {
         check_local_id(id)?;
         self.shared.destroy(id)
