@@ -41,16 +41,22 @@ pub fn run(cmd: SandboxCommand) -> Result<Exit> {
             } else {
                 let now = wmo_e2b::sandbox::ledger::unix_now();
                 println!(
-                    "{:<24}  {:<8}  {:>7}  {:>10}  {:<14}  owner",
-                    "sandbox", "kind", "age", "expires in", "lease"
+                    "{:<24}  {:<8}  {:<7}  {:>7}  {:>10}  {:<14}  owner",
+                    "sandbox", "kind", "state", "age", "expires in", "lease"
                 );
                 for r in rows {
+                    // A paused sandbox has no deadline while it stays paused.
+                    let expires = match r.state {
+                        "paused" => "-".to_string(),
+                        _ => format!("{}s", r.deadline.saturating_sub(now)),
+                    };
                     println!(
-                        "{:<24}  {:<8}  {:>6}s  {:>9}s  {:<14}  {}",
+                        "{:<24}  {:<8}  {:<7}  {:>6}s  {:>10}  {:<14}  {}",
                         r.id,
                         r.kind.as_deref().unwrap_or("-"),
+                        r.state,
                         r.age_secs,
-                        r.deadline.saturating_sub(now),
+                        expires,
                         r.lease_state
                             .map(|s| format!("{s:?}").to_lowercase())
                             .unwrap_or_else(|| "none".into()),

@@ -21,6 +21,8 @@ pub struct SandboxRow {
     pub lease: Option<String>,
     pub lease_state: Option<LeaseState>,
     pub template: Option<String>,
+    /// `running` or `paused`.
+    pub state: &'static str,
 }
 
 /// Live sandboxes of `backend`: those this tool tagged, or every one with `all`.
@@ -45,6 +47,7 @@ pub fn list(backend: &dyn Backend, state_dir: &Path, all: bool) -> Result<Vec<Sa
                 lease: s.metadata.get(TAG_LEASE).cloned(),
                 lease_state: lease.map(|l| l.state),
                 template: s.template.clone(),
+                state: s.state.as_str(),
                 id: s.id,
             }
         })
