@@ -222,7 +222,11 @@ fn reap_leaves_a_paused_project_alone(on: On) {
     let o = demo.cli(&["reap", "--json", "--backend", demo.backend()]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let report = reap_report(&o);
-    assert_eq!(killed_by(&report), 0, "reap killed a paused project: {report}");
+    assert_eq!(
+        killed_by(&report),
+        0,
+        "reap killed a paused project: {report}"
+    );
     assert_eq!(demo.state(), "paused", "reap touched the paused sandbox");
     assert!(demo.loop_alive(), "the loop did not survive the reap");
     let o = demo.cli(&["project", "close", "demo"]);
