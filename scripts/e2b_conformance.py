@@ -13,18 +13,25 @@ import io
 import json
 import os
 import sys
+import threading
 import time
 import traceback
+import urllib.parse
 import urllib.request
 import uuid
 
+import httpx
 from e2b import (
+    AuthenticationException,
     CommandExitException,
     FileNotFoundException,
+    InvalidArgumentException,
     Sandbox,
     SandboxException,
+    SandboxNotRunningException,
     SandboxQuery,
 )
+from e2b.envd.api import format_envd_api_exception
 
 PASSED = 0
 FAILED = 0
@@ -135,6 +142,24 @@ def test_cwd_and_envs():
     equal("sandbox envs and E2B_SANDBOX", r.stdout, "from-create true\n")
 
 
+def test_command_envs():
+    # As the SDK's own test_env_vars has it, and more: a command's envs are its own.
+    r = SBX.commands.run('echo "$ONLY_HERE"', envs={"ONLY_HERE": "scoped"})
+    equal("run envs reach the command", r.stdout, "scoped\n")
+    r = SBX.commands.run('echo "${ONLY_HERE-unset}"')
+    equal("run envs do not outlive their command", r.stdout, "unset\n")
+    r = SBX.commands.run('echo "$SBX_VAR"', envs={"SBX_VAR": "overridden"})
+    equal("run envs override the sandbox's envs", r.stdout, "overridden\n")
+    r = SBX.commands.run('echo "$SBX_VAR"')
+    equal("the sandbox's envs are back for the next command", r.stdout, "from-create\n")
+    h = SBX.commands.run('echo "$BG"', envs={"BG": "background"}, background=True)
+    equal("background envs", h.wait().stdout, "background\n")
+    h = SBX.commands.run("sleep 30", envs={"LISTED": "yes"}, background=True, timeout=0)
+    mine = [p for p in SBX.commands.list() if p.pid == h.pid]
+    equal("commands.list reports a command's envs", [p.envs for p in mine], [{"LISTED": "yes"}])
+    SBX.commands.kill(h.pid)
+
+
 def test_background_stdin_connect_list():
     h = SBX.commands.run("cat", background=True, stdin=True, timeout=0)
     check("background pid", h.pid > 0, h.pid)
@@ -237,6 +262,121 @@ def test_files():
     )
     r = SBX.commands.run("cat dir/blob.bin | wc -c")
     equal("files and commands see one home", r.stdout.strip(), str(len(data)))
+
+
+def test_file_metadata():
+    # envd >= 0.6.2: upload metadata is kept on the file (as user.e2b.* attributes).
+    d = "/home/user/meta"
+    want = {"author": "conformance", "purpose": "check"}
+    info = SBX.files.write(f"{d}/a.txt", "with metadata", metadata={"Author": "conformance", "purpose": "check"})
+    equal("write returns the metadata, keys lowercased", info.metadata, want)
+    equal("get_info metadata", SBX.files.get_info(f"{d}/a.txt").metadata, want)
+    equal("list metadata", {e.name: e.metadata for e in SBX.files.list(d)}, {"a.txt": want})
+    moved = SBX.files.rename(f"{d}/a.txt", f"{d}/b.txt")
+    equal("rename keeps the metadata", moved.metadata, want)
+    equal("get_info after rename", SBX.files.get_info(f"{d}/b.txt").metadata, want)
+    # A file-like object goes up as octet-stream; the metadata rides along the same way.
+    SBX.files.write(f"{d}/b.txt", io.BytesIO(b"again"), metadata={"author": "second"})
+    equal("an overwrite replaces the whole set", SBX.files.get_info(f"{d}/b.txt").metadata, {"author": "second"})
+    SBX.files.write(f"{d}/b.txt", "plain")
+    equal("an upload without metadata clears it", SBX.files.get_info(f"{d}/b.txt").metadata, None)
+    infos = SBX.files.write_files(
+        [{"path": f"{d}/one.txt", "data": "1"}, {"path": f"{d}/two.txt", "data": "2"}],
+        metadata={"batch": "7"},
+    )
+    equal("write_files puts the metadata on every file", [i.metadata for i in infos], [{"batch": "7"}] * 2)
+    raises(
+        "a metadata key over 246 bytes is refused",
+        InvalidArgumentException,
+        lambda: SBX.files.write(f"{d}/bad.txt", "x", metadata={"k" * 247: "v"}),
+    )
+    raises(
+        "metadata over 4096 bytes in all is refused",
+        InvalidArgumentException,
+        lambda: SBX.files.write(f"{d}/bad.txt", "x", metadata={"a": "v" * 2100, "b": "v" * 2100}),
+    )
+    equal("a refused upload writes nothing", SBX.files.exists(f"{d}/bad.txt"), False)
+
+
+def plain_http(method, url, **kwargs):
+    """A request to a signed URL as any HTTP client sends it: no token, no sandbox header."""
+    r = httpx.request(method, url, timeout=30, **kwargs)
+    return r.status_code, r.content
+
+
+def refused_as(status, body):
+    """The exception the SDK maps an envd error answer to."""
+    return format_envd_api_exception(status, json.loads(body).get("message", ""))
+
+
+def with_param(url, name, value):
+    parts = urllib.parse.urlsplit(url)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    query[name] = value
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+def test_signed_urls():
+    path = "/home/user/signed/file.txt"
+    SBX.files.write(path, "signed content")
+    url = SBX.download_url(path)
+    check("download_url is signed", "signature=v1_" in url, url)
+    equal("signed download", plain_http("GET", url), (200, b"signed content"))
+    expiring = SBX.download_url(path, use_signature_expiration=120)
+    check("download_url with expiry", "signature_expiration=" in expiring, expiring)
+    equal("signed download before its expiry", plain_http("GET", expiring), (200, b"signed content"))
+    up = SBX.upload_url("/home/user/signed/up.txt", use_signature_expiration=120)
+    status, body = plain_http("POST", up, files={"file": ("up.txt", b"via a signed url")})
+    equal("signed upload", status, 200)
+    equal("signed upload wrote the file", SBX.files.read("/home/user/signed/up.txt"), "via a signed url")
+
+    def refused(name, method, bad_url, **kwargs):
+        status, body = plain_http(method, bad_url, **kwargs)
+        equal(f"{name}: 401", status, 401)
+        err = refused_as(status, body)
+        check(f"{name}: AuthenticationException", isinstance(err, AuthenticationException), repr(err))
+        return err
+
+    err = refused("expired signature", "GET", SBX.download_url(path, use_signature_expiration=-10))
+    check("expired signature says so", "expired" in str(err), str(err))
+    refused("wrong signature", "GET", with_param(url, "signature", "v1_" + "A" * 43))
+    refused("signature of another path", "GET", with_param(url, "path", "/home/user/signed/up.txt"))
+    refused("a read signature does not upload", "POST", url, files={"file": ("x", b"x")})
+    refused("a changed expiry", "GET", with_param(expiring, "signature_expiration", "9999999999"))
+    equal("refused requests changed nothing", SBX.files.read(path), "signed content")
+
+
+def test_kill_during_command():
+    # As the SDK's own test_sandbox_killed_during_run has it, for a background handle and a
+    # foreground run alike.
+    sbx = Sandbox.create(timeout=60)
+    h = sbx.commands.run("sleep 600", background=True, timeout=0)
+    outcome = {}
+
+    def foreground():
+        try:
+            sbx.commands.run("sleep 601", timeout=0)
+            outcome["error"] = None
+        except Exception as e:  # noqa: BLE001 - reported below
+            outcome["error"] = e
+
+    t = threading.Thread(target=foreground, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(sbx.commands.list()) < 2:
+        time.sleep(0.1)
+    equal("both commands run", len(sbx.commands.list()), 2)
+    started = time.monotonic()
+    equal("kill while commands run", sbx.kill(), True)
+    e = raises("a background wait raises SandboxNotRunningException", SandboxNotRunningException, h.wait)
+    if e is not None:
+        check("it says the sandbox was killed", "killed or reached its end of life" in str(e), str(e))
+    t.join(30)
+    check("a foreground run returns", not t.is_alive())
+    fg = outcome.get("error")
+    check("a foreground run raises SandboxNotRunningException", isinstance(fg, SandboxNotRunningException), repr(fg))
+    check("both end promptly", time.monotonic() - started < 15, time.monotonic() - started)
+    equal("is_running after the kill", sbx.is_running(), False)
 
 
 def test_paths_are_e2b_paths():
@@ -378,7 +518,11 @@ def main():
         test_create,
         test_run,
         test_cwd_and_envs,
+        test_command_envs,
         test_paths_are_e2b_paths,
+        test_file_metadata,
+        test_signed_urls,
+        test_kill_during_command,
         test_background_stdin_connect_list,
         test_kill_command,
         test_command_timeout,

@@ -71,6 +71,17 @@ fn start_honours_cwd_envs_and_sandbox_env_vars() {
     let mut lines = out.lines();
     assert!(lines.next().unwrap().ends_with("/sub"), "{out}");
     assert_eq!(lines.next(), Some("bar g true"));
+    // A command's own envs win over the sandbox's, for that command only.
+    let echo = "echo \"${FOO-unset} $GLOBAL\"";
+    let scoped = json!({
+        "process": {"cmd": "/bin/bash", "args": ["-l", "-c", echo], "envs": {"GLOBAL": "mine"}},
+        "stdin": false,
+    });
+    let frames = emu
+        .open_stream(&sbx, "process.Process/Start", scoped, &[])
+        .read_all();
+    assert_eq!(output(&frames, "stdout"), "unset mine\n");
+    assert_eq!(output(&emu.run(&sbx, echo), "stdout"), "unset g\n");
     let r = emu.rpc(
         &sbx,
         "filesystem.Filesystem/Stat",
@@ -360,4 +371,92 @@ fn stream_input_feeds_stdin_in_order() {
     );
     let frames = s.read_all();
     assert_eq!(output(&frames, "stdout"), "one\ntwo\n");
+}
+
+/// Names of this process's threads (the emulator runs in it).
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                .map(|n| n.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Killing a sandbox while commands run in it ends their streams as E2B's do when the
+/// connection to a dead sandbox ends (`unavailable`, which the SDK resolves by a health
+/// probe into "the sandbox was killed"), promptly, with its processes and their followers
+/// gone.
+#[test]
+fn killing_the_sandbox_ends_its_streams_with_unavailable() {
+    let emu = start();
+    let sbx = sandbox(&emu);
+    let id = sbx["sandboxID"].as_str().unwrap().to_string();
+    let mut foreground = emu.open_stream(
+        &sbx,
+        "process.Process/Start",
+        start_body("sleep 600", false),
+        &[("Connect-Timeout-Ms", "600000")],
+    );
+    let sleeper = pid_of(&foreground.next_event().unwrap());
+    let mut background =
+        emu.open_stream(&sbx, "process.Process/Start", start_body("cat", true), &[]);
+    let cat = pid_of(&background.next_event().unwrap());
+    let mut attached = emu.open_stream(
+        &sbx,
+        "process.Process/Connect",
+        json!({"process": {"pid": cat}}),
+        &[],
+    );
+    assert_eq!(pid_of(&attached.next_event().unwrap()), cat);
+
+    let t = std::time::Instant::now();
+    assert_eq!(
+        emu.api("DELETE", &format!("/sandboxes/{id}"), None).status,
+        204
+    );
+    for (name, s) in [
+        ("foreground", &mut foreground),
+        ("background", &mut background),
+        ("connected", &mut attached),
+    ] {
+        let rest = s.read_all();
+        assert_eq!(end_event(&rest), None, "{name}: no end to report");
+        let last = rest
+            .last()
+            .unwrap_or_else(|| panic!("{name}: cut without an end of stream"));
+        assert!(last.is_end_of_stream(), "{name}: {:?}", last.msg);
+        assert_eq!(
+            last.msg["error"]["code"], "unavailable",
+            "{name}: {}",
+            last.msg
+        );
+        // Not the proxy's "was not found", which the SDK would read as a timeout instead.
+        let message = last.msg["error"]["message"].as_str().unwrap();
+        assert!(!message.contains("was not found"), "{message}");
+    }
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert!(!pid_alive(sleeper) && !pid_alive(cat));
+    let followers = |names: &[String]| {
+        names
+            .iter()
+            .any(|n| *n == format!("emu-proc-{sleeper}") || *n == format!("emu-proc-{cat}"))
+    };
+    assert!(eventually(Duration::from_secs(5), || !followers(
+        &thread_names()
+    )));
+    let health = emu
+        .agent
+        .get(format!("{}/health", emu.url))
+        .header("E2b-Sandbox-Id", id.as_str())
+        .call()
+        .unwrap();
+    assert_eq!(
+        health.status().as_u16(),
+        502,
+        "the SDK's probe: the sandbox is gone"
+    );
+    assert_eq!(emu.handle.stats().sandboxes, 0);
 }

@@ -1,5 +1,5 @@
-//! The emulator's envd over HTTP, its files: uploads and downloads, the filesystem RPCs,
-//! and routes that never follow a symlink out of the sandbox.
+//! The emulator's envd over HTTP, its files: uploads and downloads (with their metadata), the
+//! filesystem RPCs, and routes that never follow a symlink out of the sandbox.
 
 mod support;
 
@@ -11,49 +11,12 @@ fn sandbox(emu: &Emu) -> Value {
     emu.create(json!({"templateID": "base", "timeout": 120}))
 }
 
-fn upload(
-    emu: &Emu,
-    sbx: &Value,
-    query: &str,
-    content_type: &str,
-    extra: &[(&str, &str)],
-    body: &[u8],
-) -> (u16, Value) {
-    let mut req = emu
-        .agent
-        .post(format!("{}/files{query}", emu.url))
-        .header("E2b-Sandbox-Id", sbx["sandboxID"].as_str().unwrap())
-        .header("X-Access-Token", sbx["envdAccessToken"].as_str().unwrap())
-        .header("Content-Type", content_type);
-    for (k, v) in extra {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send(body).unwrap();
-    let status = resp.status().as_u16();
-    let v = resp.into_body().read_json().unwrap_or(Value::Null);
-    (status, v)
-}
-
-fn download(emu: &Emu, sbx: &Value, path: &str) -> (u16, Vec<u8>) {
-    let resp = emu
-        .agent
-        .get(format!("{}/files", emu.url))
-        .query("path", path)
-        .header("E2b-Sandbox-Id", sbx["sandboxID"].as_str().unwrap())
-        .header("X-Access-Token", sbx["envdAccessToken"].as_str().unwrap())
-        .call()
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.into_body().read_to_vec().unwrap())
-}
-
 #[test]
 fn files_go_up_and_come_down() {
     let emu = start();
     let sbx = sandbox(&emu);
     let bytes: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
-    let (status, info) = upload(
-        &emu,
+    let (status, info) = emu.upload(
         &sbx,
         "?path=%2Fhome%2Fuser%2Fd%2Fx.bin",
         "application/octet-stream",
@@ -66,19 +29,18 @@ fn files_go_up_and_come_down() {
         json!([{"path": "/home/user/d/x.bin", "name": "x.bin", "type": "file"}])
     );
     assert_eq!(
-        download(&emu, &sbx, "/home/user/d/x.bin"),
+        emu.download(&sbx, "/home/user/d/x.bin"),
         (200, bytes.clone())
     );
     assert_eq!(
-        download(&emu, &sbx, "d/x.bin").1,
+        emu.download(&sbx, "d/x.bin").1,
         bytes,
         "relative to the home"
     );
 
     // Multipart, filename = the full path, two files at once.
     let multipart = b"--B0UND\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/m/one.txt\"\r\nContent-Type: text/plain\r\n\r\none\r\n--B0UND\r\nContent-Disposition: form-data; name=\"file\"; filename=\"two.txt\"\r\n\r\ntwo\r\n--B0UND--\r\n";
-    let (status, info) = upload(
-        &emu,
+    let (status, info) = emu.upload(
         &sbx,
         "",
         "multipart/form-data; boundary=B0UND",
@@ -87,14 +49,13 @@ fn files_go_up_and_come_down() {
     );
     assert_eq!(status, 200, "{info}");
     assert_eq!(info.as_array().unwrap().len(), 2);
-    assert_eq!(download(&emu, &sbx, "/home/user/m/one.txt").1, b"one");
-    assert_eq!(download(&emu, &sbx, "/home/user/two.txt").1, b"two");
+    assert_eq!(emu.download(&sbx, "/home/user/m/one.txt").1, b"one");
+    assert_eq!(emu.download(&sbx, "/home/user/two.txt").1, b"two");
 
     // Gzipped octet-stream.
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(b"zipped").unwrap();
-    let (status, _) = upload(
-        &emu,
+    let (status, _) = emu.upload(
         &sbx,
         "?path=/home/user/z.txt",
         "application/octet-stream",
@@ -102,24 +63,16 @@ fn files_go_up_and_come_down() {
         &gz.finish().unwrap(),
     );
     assert_eq!(status, 200);
-    assert_eq!(download(&emu, &sbx, "/home/user/z.txt").1, b"zipped");
+    assert_eq!(emu.download(&sbx, "/home/user/z.txt").1, b"zipped");
 
-    assert_eq!(download(&emu, &sbx, "/home/user/missing").0, 404);
-    assert_eq!(download(&emu, &sbx, "/home/user/d").0, 400);
-    assert_eq!(download(&emu, &sbx, "/etc/passwd").0, 400);
+    assert_eq!(emu.download(&sbx, "/home/user/missing").0, 404);
+    assert_eq!(emu.download(&sbx, "/home/user/d").0, 400);
+    assert_eq!(emu.download(&sbx, "/etc/passwd").0, 400);
     // /tmp is the sandbox's own, as on E2B; the system directory is root's.
-    let (status, _) = upload(
-        &emu,
-        &sbx,
-        "?path=/tmp/x",
-        "application/octet-stream",
-        &[],
-        b"x",
-    );
+    let (status, _) = emu.upload(&sbx, "?path=/tmp/x", "application/octet-stream", &[], b"x");
     assert_eq!(status, 200);
-    assert_eq!(download(&emu, &sbx, "/tmp/x").1, b"x");
-    let (status, _) = upload(
-        &emu,
+    assert_eq!(emu.download(&sbx, "/tmp/x").1, b"x");
+    let (status, _) = emu.upload(
         &sbx,
         "?path=/opt/wmo-e2b/x",
         "application/octet-stream",
@@ -127,8 +80,7 @@ fn files_go_up_and_come_down() {
         b"x",
     );
     assert_eq!(status, 403);
-    let (status, _) = upload(
-        &emu,
+    let (status, _) = emu.upload(
         &sbx,
         "?path=/opt/wmo-e2b/x&username=root",
         "application/octet-stream",
@@ -136,18 +88,11 @@ fn files_go_up_and_come_down() {
         b"x",
     );
     assert_eq!(status, 200);
-    let (status, _) = upload(
-        &emu,
-        &sbx,
-        "?path=/etc/x",
-        "application/octet-stream",
-        &[],
-        b"x",
-    );
+    let (status, _) = emu.upload(&sbx, "?path=/etc/x", "application/octet-stream", &[], b"x");
     assert_eq!(status, 400);
-    let (status, _) = upload(&emu, &sbx, "", "application/octet-stream", &[], b"x");
+    let (status, _) = emu.upload(&sbx, "", "application/octet-stream", &[], b"x");
     assert_eq!(status, 400, "octet-stream needs a path");
-    let (status, _) = upload(&emu, &sbx, "?path=a", "text/plain", &[], b"x");
+    let (status, _) = emu.upload(&sbx, "?path=a", "text/plain", &[], b"x");
     assert_eq!(status, 400);
 }
 
@@ -164,8 +109,7 @@ fn filesystem_rpcs() {
     let again = fs("MakeDir", json!({"path": "/home/user/a/b"}));
     assert_eq!(again.status, 409);
     assert_eq!(again.json()["code"], "already_exists");
-    upload(
-        &emu,
+    emu.upload(
         &sbx,
         "?path=/home/user/a/b/f.txt",
         "application/octet-stream",
@@ -254,14 +198,13 @@ fn file_routes_never_follow_a_symlink_out_of_the_sandbox() {
         ),
     );
     for inside in ["/home/user/rel", "/home/user/abs"] {
-        assert_eq!(download(&emu, &sbx, inside), (200, b"inside\n".to_vec()));
+        assert_eq!(emu.download(&sbx, inside), (200, b"inside\n".to_vec()));
     }
-    let (status, body) = download(&emu, &sbx, "/home/user/out");
+    let (status, body) = emu.download(&sbx, "/home/user/out");
     assert_eq!(status, 400);
     assert!(!String::from_utf8_lossy(&body).contains("TOP SECRET"));
     for path in ["out-write", "outdir/new.txt"] {
-        let (status, _) = upload(
-            &emu,
+        let (status, _) = emu.upload(
             &sbx,
             &format!("?path=/home/user/{path}"),
             "application/octet-stream",
@@ -287,4 +230,164 @@ fn file_routes_never_follow_a_symlink_out_of_the_sandbox() {
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "untouched");
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
     assert_eq!(left.len(), 2, "{left:?}");
+}
+
+/// Where a sandbox's home file lies on the host (the local sandbox's `root/`).
+fn host_path(emu: &Emu, sbx: &Value, rel: &str) -> std::path::PathBuf {
+    let id = sbx["sandboxID"].as_str().unwrap();
+    let dir = std::fs::read_dir(emu.handle.sandboxes_dir())
+        .unwrap()
+        .flatten()
+        .find(|d| d.file_name().to_string_lossy().replace('-', "") == id)
+        .expect("the sandbox's directory");
+    dir.path().join("root").join(rel)
+}
+
+fn set_xattr(path: &std::path::Path, name: &str, value: &str) {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid C strings and a buffer of the given length.
+    let rc = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "setxattr {name}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+fn get_xattr(path: &std::path::Path, name: &str) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let n = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let n = usize::try_from(n).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Upload metadata (envd >= 0.6.2) is kept as `user.e2b.<key>` attributes, reported by
+/// uploads, Stat, ListDir and Move, replaced whole by the next upload, and bounded.
+#[test]
+fn uploads_keep_metadata_as_extended_attributes() {
+    let emu = start();
+    let sbx = sandbox(&emu);
+    let fs =
+        |method: &str, body: Value| emu.rpc(&sbx, &format!("filesystem.Filesystem/{method}"), body);
+    let octet = "application/octet-stream";
+    let headers = [
+        ("X-Metadata-Author", "mish"),
+        ("x-metadata-PURPOSE", "up load"),
+    ];
+    let (status, info) = emu.upload(&sbx, "?path=/home/user/m/f.txt", octet, &headers, b"x");
+    assert_eq!(status, 200, "{info}");
+    let want = json!({"author": "mish", "purpose": "up load"});
+    assert_eq!(info[0]["metadata"], want, "{info}");
+    let on_disk = host_path(&emu, &sbx, "m/f.txt");
+    assert_eq!(
+        get_xattr(&on_disk, "user.e2b.author").as_deref(),
+        Some("mish")
+    );
+    assert_eq!(
+        fs("Stat", json!({"path": "m/f.txt"})).json()["entry"]["metadata"],
+        want
+    );
+    let listed = fs("ListDir", json!({"path": "/home/user/m"})).json();
+    assert_eq!(listed["entries"][0]["metadata"], want, "{listed}");
+
+    // Renaming keeps the attributes; a symlink reports its target's.
+    let moved = fs(
+        "Move",
+        json!({"source": "m/f.txt", "destination": "n/g.txt"}),
+    )
+    .json();
+    assert_eq!(moved["entry"]["metadata"], want, "{moved}");
+    emu.run(&sbx, "ln -s n/g.txt link");
+    assert_eq!(
+        fs("Stat", json!({"path": "link"})).json()["entry"]["metadata"],
+        want
+    );
+
+    // An overwrite replaces the whole set; attributes outside `user.e2b.` are left alone, and
+    // ones the sandbox set in the namespace itself are reported.
+    let on_disk = host_path(&emu, &sbx, "n/g.txt");
+    set_xattr(&on_disk, "user.other", "kept");
+    let (_, info) = emu.upload(
+        &sbx,
+        "?path=n/g.txt",
+        octet,
+        &[("X-Metadata-Author", "alice")],
+        b"y",
+    );
+    assert_eq!(info[0]["metadata"], json!({"author": "alice"}), "{info}");
+    assert_eq!(get_xattr(&on_disk, "user.e2b.purpose"), None);
+    assert_eq!(get_xattr(&on_disk, "user.other").as_deref(), Some("kept"));
+    set_xattr(&on_disk, "user.e2b.tag", "from-inside");
+    let stat = fs("Stat", json!({"path": "n/g.txt"})).json();
+    assert_eq!(
+        stat["entry"]["metadata"],
+        json!({"author": "alice", "tag": "from-inside"})
+    );
+    let (_, info) = emu.upload(&sbx, "?path=n/g.txt", octet, &[], b"z");
+    assert!(
+        info[0].get("metadata").is_none(),
+        "no headers clear it: {info}"
+    );
+    assert!(fs("Stat", json!({"path": "n/g.txt"})).json()["entry"]
+        .get("metadata")
+        .is_none());
+
+    // A multipart upload puts the same metadata on every file.
+    let multipart = b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/p/a\"\r\n\r\na\r\n--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/p/b\"\r\n\r\nb\r\n--B--\r\n";
+    let (status, info) = emu.upload(
+        &sbx,
+        "",
+        "multipart/form-data; boundary=B",
+        &[("X-Metadata-K", "v")],
+        multipart,
+    );
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info[0]["metadata"], json!({"k": "v"}));
+    assert_eq!(info[1]["metadata"], json!({"k": "v"}));
+
+    // Bounded, printable ASCII: refused with E2B's error shape, before anything is written.
+    let long_key = format!("X-Metadata-{}", "k".repeat(247));
+    let big = "v".repeat(2100);
+    let refused: [&[(&str, &str)]; 3] = [
+        &[(long_key.as_str(), "v")],
+        &[
+            ("X-Metadata-A", big.as_str()),
+            ("X-Metadata-B", big.as_str()),
+        ],
+        &[("X-Metadata-A", "tab\there")],
+    ];
+    for headers in refused {
+        let (status, body) = emu.upload(&sbx, "?path=bad.txt", octet, headers, b"x");
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["code"], 400);
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("invalid metadata"),
+            "{body}"
+        );
+    }
+    assert_eq!(fs("Stat", json!({"path": "bad.txt"})).status, 404);
+    let fits = format!("X-Metadata-{}", "k".repeat(246));
+    assert_eq!(
+        emu.upload(&sbx, "?path=ok.txt", octet, &[(fits.as_str(), "v")], b"x")
+            .0,
+        200
+    );
 }

@@ -1,7 +1,9 @@
 //! The hub of one process started through envd: a thread that owns the local backend's event
 //! channel and fans every chunk out to the streams attached at that moment (envd buffers
 //! nothing for late readers), enforces the Start call's `Connect-Timeout-Ms` as the process's
-//! lifetime, and keeps the end for 30 s so a late `Connect` can replay it.
+//! lifetime, and keeps the end for 30 s so a late `Connect` can replay it. A process that
+//! ends because its sandbox died has no end to report: its streams end as the connection to
+//! a dead E2B sandbox does.
 //!
 //! It sits below the sandbox table (`state`), which holds each sandbox's hubs, so it knows
 //! nothing of requests: `envd::process` attaches streams to it.
@@ -86,22 +88,31 @@ impl EndInfo {
     }
 }
 
+/// How a process's streams end.
+#[derive(Debug, Clone)]
+pub(super) enum Ending {
+    /// It ended in a sandbox that lives on: its `end` event.
+    Exited(EndInfo),
+    /// Its sandbox was killed (or reached its end of life) under it.
+    SandboxGone,
+}
+
 #[derive(Clone)]
 pub(super) enum HubEvent {
     Stdout(Arc<Vec<u8>>),
     Stderr(Arc<Vec<u8>>),
-    End(EndInfo),
+    End(Ending),
 }
 
 pub(super) enum Subscription {
     Live(Receiver<HubEvent>),
-    Ended(EndInfo),
+    Ended(Ending),
 }
 
 #[derive(Default)]
 struct HubState {
     subs: Vec<Sender<HubEvent>>,
-    end: Option<EndInfo>,
+    end: Option<Ending>,
     ended_at: Option<Instant>,
 }
 
@@ -162,7 +173,7 @@ impl ProcHub {
         }
     }
 
-    fn finish(&self, end: EndInfo) {
+    fn finish(&self, end: Ending) {
         let subs = {
             let mut st = lock(&self.state);
             st.end = Some(end.clone());
@@ -175,30 +186,39 @@ impl ProcHub {
     }
 }
 
-/// Starts the thread that follows `hub`'s process until it ends, reading `events`; it kills
-/// the process at `kill_at`, and leaves when `stop` disconnects.
+/// What a hub needs besides its process's events.
+pub(super) struct FollowOpts {
+    /// When the Start call's deadline kills the process.
+    pub kill_at: Option<Instant>,
+    pub sandbox: Arc<LocalSandbox>,
+    /// Whether the sandbox is gone, asked once the process ended.
+    pub sandbox_gone: Box<dyn Fn() -> bool + Send>,
+    /// Disconnects when the emulator stops.
+    pub stop: Receiver<()>,
+}
+
+/// Starts the thread that follows `hub`'s process until it ends, reading `events`.
 pub(super) fn follow(
     hub: &Arc<ProcHub>,
     events: Receiver<ProcessEvent>,
-    kill_at: Option<Instant>,
-    sandbox: Arc<LocalSandbox>,
-    stop: Receiver<()>,
+    how: FollowOpts,
 ) -> io::Result<()> {
     let follower = Arc::clone(hub);
     std::thread::Builder::new()
         .name(format!("emu-proc-{}", hub.pid))
-        .spawn(move || run_hub(&follower, &events, kill_at, &sandbox, &stop))
+        .spawn(move || run_hub(&follower, &events, how))
         .map(drop)
 }
 
-/// Follows one process until it ends: fans out its output, kills it at `kill_at`.
-fn run_hub(
-    hub: &ProcHub,
-    events: &Receiver<ProcessEvent>,
-    mut kill_at: Option<Instant>,
-    sandbox: &LocalSandbox,
-    stop: &Receiver<()>,
-) {
+/// Follows one process until it ends: fans out its output, kills it at its deadline, and
+/// leaves when the emulator stops.
+fn run_hub(hub: &ProcHub, events: &Receiver<ProcessEvent>, how: FollowOpts) {
+    let FollowOpts {
+        mut kill_at,
+        sandbox,
+        sandbox_gone,
+        stop,
+    } = how;
     loop {
         let wait = kill_at.map_or(Duration::from_secs(3600), |t| {
             t.saturating_duration_since(Instant::now())
@@ -216,24 +236,29 @@ fn run_hub(
                 continue;
             }
         };
-        match event {
-            Ok(ProcessEvent::Stdout(d)) => hub.broadcast(&HubEvent::Stdout(Arc::new(d))),
-            Ok(ProcessEvent::Stderr(d)) => hub.broadcast(&HubEvent::Stderr(Arc::new(d))),
-            Ok(ProcessEvent::Exit(code)) => {
-                hub.finish(EndInfo::from_exit(code));
-                return;
+        let end = match event {
+            Ok(ProcessEvent::Stdout(d)) => {
+                hub.broadcast(&HubEvent::Stdout(Arc::new(d)));
+                continue;
             }
-            Ok(ProcessEvent::Failed(e)) => {
-                hub.finish(EndInfo::failed(e.to_string()));
-                return;
+            Ok(ProcessEvent::Stderr(d)) => {
+                hub.broadcast(&HubEvent::Stderr(Arc::new(d)));
+                continue;
             }
+            Ok(ProcessEvent::Exit(code)) => EndInfo::from_exit(code),
+            Ok(ProcessEvent::Failed(e)) => EndInfo::failed(e.to_string()),
             Err(_) => {
-                hub.finish(EndInfo::failed(
-                    "the process's output stream ended without an exit status".into(),
-                ));
-                return;
+                EndInfo::failed("the process's output stream ended without an exit status".into())
             }
-        }
+        };
+        // A kill marks the sandbox gone before it kills the processes, so a process it
+        // killed always finds it gone here.
+        hub.finish(if sandbox_gone() {
+            Ending::SandboxGone
+        } else {
+            Ending::Exited(end)
+        });
+        return;
     }
 }
 

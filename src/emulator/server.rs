@@ -1,5 +1,5 @@
 //! Starting and stopping the emulator, and routing each request to the control plane or to
-//! envd (by its `E2b-Sandbox-Id` header).
+//! envd (by its `E2b-Sandbox-Id` header, or a signed `/files` URL's signature).
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -186,7 +186,7 @@ struct Router(Arc<Shared>);
 impl Handler for Router {
     fn admit(&self, head: &Request) -> Option<Response> {
         // envd requests are checked against their sandbox's token, in `handle`.
-        if head.header("e2b-sandbox-id").is_some() {
+        if head.header("e2b-sandbox-id").is_some() || envd::is_signed(head) {
             return None;
         }
         let refused = control::admit(&self.0, head)?;
@@ -212,6 +212,7 @@ impl Handler for Router {
         let sandbox = req.header("e2b-sandbox-id").map(str::to_string);
         match sandbox {
             Some(id) => envd::handle(shared, &id, req, out),
+            None if envd::is_signed(&req) => envd::handle_signed(shared, req, out),
             None => {
                 let resp = control::handle(shared, &req);
                 let _ = out.send(resp);

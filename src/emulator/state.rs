@@ -213,7 +213,7 @@ impl SandboxEntry {
 }
 
 /// Compares without an early exit, so timing does not reveal how much of a secret matched.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -238,6 +238,50 @@ impl Client {
         }
     }
 
+    /// `POST /files{query}` with the sandbox's token: the status and the JSON answer.
+    pub fn upload(
+        &self,
+        sbx: &Value,
+        query: &str,
+        content_type: &str,
+        extra: &[(&str, &str)],
+        body: &[u8],
+    ) -> (u16, Value) {
+        let mut req = self
+            .agent
+            .post(format!("{}/files{query}", self.url))
+            .header("E2b-Sandbox-Id", sbx["sandboxID"].as_str().expect("id"))
+            .header(
+                "X-Access-Token",
+                sbx["envdAccessToken"].as_str().expect("token"),
+            )
+            .header("Content-Type", content_type);
+        for (k, v) in extra {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send(body).expect("the upload completes");
+        let status = resp.status().as_u16();
+        let v = resp.into_body().read_json().unwrap_or(Value::Null);
+        (status, v)
+    }
+
+    /// `GET /files?path=` with the sandbox's token: the status and the body.
+    pub fn download(&self, sbx: &Value, path: &str) -> (u16, Vec<u8>) {
+        let resp = self
+            .agent
+            .get(format!("{}/files", self.url))
+            .query("path", path)
+            .header("E2b-Sandbox-Id", sbx["sandboxID"].as_str().expect("id"))
+            .header(
+                "X-Access-Token",
+                sbx["envdAccessToken"].as_str().expect("token"),
+            )
+            .call()
+            .expect("the download completes");
+        let status = resp.status().as_u16();
+        (status, resp.into_body().read_to_vec().expect("body"))
+    }
+
     /// Runs `cmd` like the SDK's `commands.run` and reads the whole stream.
     pub fn run(&self, sbx: &Value, cmd: &str) -> Vec<Frame> {
         let mut s = self.open_stream(sbx, "process.Process/Start", start_body(cmd, false), &[]);

@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::call::unary;
-use super::{files, process};
+use super::{files, process, signing};
 use crate::emulator::http::{Request, Responder, Response};
 use crate::emulator::state::{SandboxEntry, Shared};
 
@@ -64,19 +64,36 @@ fn answer(entry: &SandboxEntry, req: &Request) -> Response {
     if let Some(method) = path.strip_prefix("/filesystem.Filesystem/") {
         return unary(req, |msg, role| files::rpc(entry, method, msg, role));
     }
+    // envd serves these; the SDK's sandbox classes never call them.
+    if matches!(path, "/files/compose" | "/metrics") {
+        return Response::error(
+            501,
+            format!("{path} is not supported by the wmo-e2b emulator"),
+        );
+    }
     Response::error(404, format!("{path} is not an envd endpoint"))
 }
 
+/// A signed `/files` request without a sandbox header: the sandbox its signature names (see
+/// `signing`); one that no live sandbox signed is refused as envd refuses a wrong signature.
+pub(in crate::emulator) fn handle_signed(shared: &Shared, req: Request, out: &mut Responder<'_>) {
+    match signing::signer(shared, &req) {
+        Some(id) => handle(shared, &id, req, out),
+        None => {
+            let _ = out.send(Response::error(401, "invalid signature"));
+        }
+    }
+}
+
 fn check_token(entry: &SandboxEntry, req: &Request) -> Result<(), Response> {
+    if req.path == "/files" {
+        return signing::authorize_files(entry, req);
+    }
     if entry.token.is_none() {
         return Ok(());
     }
     match req.header("x-access-token") {
         Some(given) if entry.token_matches(given) => Ok(()),
-        None if req.path == "/files" && req.query("signature").is_some() => Err(Response::error(
-            401,
-            "URL signatures are not supported by the wmo-e2b emulator; send X-Access-Token",
-        )),
         _ => Err(Response::error(
             401,
             "unauthorized access, please provide a valid access token or method signing if supported",

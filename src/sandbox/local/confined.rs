@@ -63,6 +63,12 @@ impl Beneath {
     /// Creates or replaces a regular file, creating missing parents; no symlink anywhere on
     /// the path is followed.
     pub fn write(&self, rel: &str, data: &[u8]) -> io::Result<()> {
+        self.write_open(rel, data).map(drop)
+    }
+
+    /// `write`, handing back the written file still open, so what is set on it next (its
+    /// extended attributes) lands on that file, whatever the path names by then.
+    pub fn write_open(&self, rel: &str, data: &[u8]) -> io::Result<File> {
         let (parent, name) = self.parent_dir(rel, true)?;
         let fd = open_at(
             parent.as_raw_fd(),
@@ -75,7 +81,34 @@ impl Beneath {
         sys::set_nonblocking(file.as_raw_fd(), false)?;
         file.set_len(0)?;
         file.write_all(data)?;
-        self.hand_over(file.as_raw_fd())
+        self.hand_over(file.as_raw_fd())?;
+        Ok(file)
+    }
+
+    /// Opens what `rel` leads to, a regular file or a directory, following symlinks only
+    /// while they stay beneath: a descriptor to read its extended attributes from. Anything
+    /// else (a FIFO, a socket) is refused before it is opened for real, so opening has no
+    /// effect on it.
+    pub fn open_entry(&self, rel: &str) -> io::Result<File> {
+        let path = File::from(self.resolve(rel, libc::O_PATH, true)?);
+        let kind = path.metadata()?.file_type();
+        if !kind.is_file() && !kind.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "neither a regular file nor a directory",
+            ));
+        }
+        // The magic link reopens the very inode checked above; nothing is resolved again.
+        let c = cstring(fd_path(path.as_raw_fd()).as_os_str().as_bytes())?;
+        // SAFETY: a valid C string; the result is owned below.
+        let fd = retry_eintr(|| unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        })?;
+        // SAFETY: a fresh descriptor nobody else owns.
+        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
     /// Creates `rel` and its missing parents as directories; false when it already existed.
@@ -413,6 +446,25 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
         assert!(b.open_read("pipe").is_err());
         assert!(b.write("pipe", b"x").is_err());
+    }
+
+    #[test]
+    fn open_entry_takes_files_and_directories_beneath_only() {
+        let (dir, b, root) = setup();
+        std::fs::write(dir.path().join("secret"), b"host").unwrap();
+        symlink(dir.path().join("secret"), root.join("out")).unwrap();
+        std::fs::write(root.join("f"), b"x").unwrap();
+        std::fs::create_dir(root.join("d")).unwrap();
+        symlink("f", root.join("in")).unwrap();
+        let fifo = CString::new(root.join("pipe").as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        for ok in ["f", "d", "in", ""] {
+            assert!(b.open_entry(ok).is_ok(), "{ok}");
+        }
+        let err = b.open_entry("out").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EXDEV), "{err}");
+        assert!(b.open_entry("pipe").is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use serde_json::{json, Map, Value};
 
 use super::locate::{locate, owner_of, resolve, under_system, Follow};
+use super::metadata::metadata_of;
 use crate::emulator::connect::{int_field, string_field, Code, RpcError, RpcResult};
 use crate::emulator::paths;
 use crate::emulator::state::SandboxEntry;
@@ -234,14 +235,16 @@ fn entry_info(entry: &SandboxEntry, files: &Beneath, rel: &str, e2b: &str) -> Rp
     };
     // What the link leads to, looked up in the sandbox as the sandbox would resolve it (the
     // lookups never leave the sandbox's directories).
-    let target_meta = target.as_deref().and_then(|t| {
+    let target_files = target.as_deref().and_then(|t| {
         let (b, r) = entry
             .sandbox
             .files(&resolve(entry, t, Follow::All).ok()?)
             .ok()?;
-        b.metadata(&r).ok()
+        let m = b.metadata(&r).ok()?;
+        Some((b, r, m))
     });
-    let meta: &FsMetadata = target_meta.as_ref().unwrap_or(&link);
+    let target_meta = target_files.as_ref().map(|(_, _, m)| m);
+    let meta: &FsMetadata = target_meta.unwrap_or(&link);
     let file_type = if is_link && target_meta.is_none() {
         "FILE_TYPE_SYMLINK"
     } else if meta.is_dir() {
@@ -282,6 +285,15 @@ fn entry_info(entry: &SandboxEntry, files: &Beneath, rel: &str, e2b: &str) -> Rp
             info.insert("symlinkTarget".into(), json!(target));
         }
         info.insert("isSymlink".into(), json!(true));
+    }
+    // envd reads the attributes through the link, as it reads the type.
+    let file_meta = match &target_files {
+        Some((b, r, _)) => metadata_of(b, r),
+        None if is_link => Default::default(),
+        None => metadata_of(files, rel),
+    };
+    if !file_meta.is_empty() {
+        info.insert("metadata".into(), json!(file_meta));
     }
     Ok(Value::Object(info))
 }

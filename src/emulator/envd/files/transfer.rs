@@ -7,6 +7,7 @@ use flate2::read::GzDecoder;
 use serde_json::{json, Value};
 
 use super::locate::{locate, under_system, Follow};
+use super::metadata::{self, StoreError};
 use super::multipart::{media_param, multipart};
 use crate::emulator::envd::call::files_user;
 use crate::emulator::http::{Body, Request, Response, MAX_BODY_BYTES};
@@ -76,6 +77,8 @@ fn fs_error(entry: &SandboxEntry, e2b: &str, what: &str, e: io::Error) -> String
 
 fn write_files(entry: &SandboxEntry, req: &Request) -> Result<Response, Response> {
     let role = files_user(req)?;
+    let meta = metadata::from_headers(&req.headers)
+        .map_err(|e| Response::error(400, format!("invalid metadata: {e}")))?;
     let body = decoded_body(req)?;
     let uploads = uploads(req, body)?;
     if uploads.is_empty() {
@@ -104,14 +107,22 @@ fn write_files(entry: &SandboxEntry, req: &Request) -> Result<Response, Response
         if rel.is_empty() || files.metadata(&rel).is_ok_and(|m| m.is_dir()) {
             return Err(Response::error(400, format!("path '{e2b}' is a directory")));
         }
-        if let Err(e) = files.write(&rel, &data) {
-            return Err(write_error(
-                &e2b,
-                &entry.sandbox.file_error(&e2b, "write", e),
-            ));
-        }
+        let file = files
+            .write_open(&rel, &data)
+            .map_err(|e| write_error(&e2b, &entry.sandbox.file_error(&e2b, "write", e)))?;
+        // Every upload sets the whole metadata, none included: envd's overwrite replaces it.
+        metadata::replace(&file, &meta).map_err(|e| match e {
+            StoreError::NoSpace(_) => Response::error(507, e.to_string()),
+            StoreError::Failed(_) => Response::error(500, e.to_string()),
+        })?;
         let name = e2b.rsplit('/').next().unwrap_or("").to_string();
-        written.push(json!({"path": e2b, "name": name, "type": "file"}));
+        let mut info = json!({"path": e2b, "name": name, "type": "file"});
+        // What the file holds now, as envd reads it back.
+        let stored = metadata::read(&file);
+        if !stored.is_empty() {
+            info["metadata"] = json!(stored);
+        }
+        written.push(info);
     }
     Ok(Response::json(200, &Value::Array(written)))
 }

@@ -12,7 +12,7 @@ use crate::emulator::connect::{
     bool_field, field, string_field, string_list, string_map, Code, RpcError, RpcResult,
 };
 use crate::emulator::envd::files::{resolve, Follow};
-use crate::emulator::hub::{follow, ProcHub};
+use crate::emulator::hub::{follow, FollowOpts, ProcHub};
 use crate::emulator::paths;
 use crate::emulator::state::{SandboxEntry, Shared};
 use crate::sandbox::{shell_quote, Role, Sandbox, SandboxError, SpawnOpts};
@@ -88,13 +88,20 @@ pub(super) fn start(
     // Subscribed before the hub reads anything, so this stream sees all output.
     let sub = hub.subscribe();
     lock(&entry.procs).insert(pid, Arc::clone(&hub));
-    let followed = follow(
-        &hub,
-        process.events,
-        opts.deadline,
-        Arc::clone(&entry.sandbox),
-        shared.stop_rx.clone(),
-    );
+    let backend = Arc::clone(&shared.backend);
+    let local_id = entry.local_id.clone();
+    let how = FollowOpts {
+        kill_at: opts.deadline,
+        sandbox: Arc::clone(&entry.sandbox),
+        sandbox_gone: Box::new(move || {
+            matches!(
+                backend.connect_local(&local_id),
+                Err(SandboxError::Gone { .. })
+            )
+        }),
+        stop: shared.stop_rx.clone(),
+    };
+    let followed = follow(&hub, process.events, how);
     if let Err(e) = followed {
         let _ = entry.sandbox.kill_process(pid);
         lock(&entry.procs).remove(&pid);

@@ -16,7 +16,7 @@ use crate::emulator::connect::{
 };
 use crate::emulator::envd::call::rpc_user;
 use crate::emulator::http::{ChunkedWriter, Request, Responder, Response};
-use crate::emulator::hub::{EndInfo, HubEvent, Subscription};
+use crate::emulator::hub::{Ending, HubEvent, Subscription};
 use crate::emulator::state::{SandboxEntry, Shared};
 use crate::sandbox::Role;
 
@@ -177,7 +177,7 @@ fn pump(
             if budget.is_some() {
                 return Ok(Pumped::Cut);
             }
-            return send_end(w, &end);
+            return send_ending(w, &end);
         }
         Subscription::Live(rx) => rx,
     };
@@ -209,11 +209,11 @@ fn pump(
                 if budget.is_some() {
                     return Ok(Pumped::Cut);
                 }
-                if past_deadline() {
+                if past_deadline() && matches!(end, Ending::Exited(_)) {
                     // The deadline kill won the race with the exit: report the deadline.
                     return send_error(w, &deadline_exceeded());
                 }
-                return send_end(w, &end);
+                return send_ending(w, &end);
             }
             Err(_) => {
                 if shared.is_stopping() {
@@ -238,11 +238,25 @@ fn pump(
     }
 }
 
-/// The `end` event, then a clean end of stream.
-fn send_end(w: &mut ChunkedWriter<'_, '_>, end: &EndInfo) -> io::Result<Pumped> {
-    w.send(&message_envelope(&end.to_event()))?;
-    w.send(&end_of_stream(None))?;
-    Ok(Pumped::Done)
+/// The `end` event and a clean end of stream; or, when the sandbox died under the process,
+/// the `unavailable` end of stream E2B's proxy gives when the connection to a sandbox ends
+/// mid-stream (the SDK then probes `/health` and reports the sandbox gone).
+fn send_ending(w: &mut ChunkedWriter<'_, '_>, end: &Ending) -> io::Result<Pumped> {
+    match end {
+        Ending::Exited(end) => {
+            w.send(&message_envelope(&end.to_event()))?;
+            w.send(&end_of_stream(None))?;
+            Ok(Pumped::Done)
+        }
+        Ending::SandboxGone => send_error(
+            w,
+            &RpcError::new(
+                Code::Unavailable,
+                "the connection to the sandbox ended before the stream completed: \
+                 the sandbox is gone",
+            ),
+        ),
+    }
 }
 
 /// An end of stream carrying `error`.
