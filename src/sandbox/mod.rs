@@ -42,6 +42,10 @@ pub enum ErrorClass {
 pub enum SandboxError {
     #[error("sandbox {id} is gone")]
     Gone { id: String },
+    /// The sandbox lives but is paused: nothing runs in it until [`Backend::connect`]
+    /// resumes it.
+    #[error("sandbox {id} is paused; connecting to it resumes it")]
+    Paused { id: String },
     #[error("process {pid} is not running in sandbox {id}")]
     NoSuchProcess { id: String, pid: u32 },
     #[error("{what} failed in sandbox {id}")]
@@ -73,7 +77,10 @@ pub enum SandboxError {
 impl SandboxError {
     pub fn class(&self) -> ErrorClass {
         match self {
-            SandboxError::Gone { .. } | SandboxError::NoSuchProcess { .. } => ErrorClass::Gone,
+            // A paused sandbox serves no call, as on E2B, whose envd answers as for a gone one.
+            SandboxError::Gone { .. }
+            | SandboxError::Paused { .. }
+            | SandboxError::NoSuchProcess { .. } => ErrorClass::Gone,
             SandboxError::Io { .. } | SandboxError::Unclean { .. } => ErrorClass::Transport,
             SandboxError::BadPath { .. } | SandboxError::NotFound { .. } => ErrorClass::BadRequest,
             SandboxError::Unsupported(_) => ErrorClass::Unsupported,

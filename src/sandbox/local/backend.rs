@@ -1,5 +1,6 @@
 //! The local backend itself: opening the state directory, creating and connecting to
-//! sandboxes, listing and killing them, and the sweep and watcher that end expired ones.
+//! sandboxes, listing, killing, pausing and resuming them, and the sweep and watcher that
+//! end (or pause) those whose deadline passed.
 
 use std::collections::HashMap;
 use std::fs;
@@ -15,13 +16,14 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use super::isolation::{self, Isolation, IsolationChoice};
 use super::meta::{self, Meta, MetaError, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
 use super::ns::{Space, NS_DIR};
+use super::pause::{self, Resume, Resumed};
 use super::sandbox::LocalSandbox;
 use super::state::{HostConfig, Mode, SandboxState};
 use super::sys;
 use super::teardown::{self, STAGING_PREFIX, TOMB_PREFIX};
 use crate::sandbox::{
-    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, PauseKind, Paused, Result,
-    RunState, Sandbox, SandboxError, SandboxSummary,
+    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, OnTimeout, PauseKind, Paused,
+    Result, RunState, Sandbox, SandboxError, SandboxSummary,
 };
 use crate::sync::lock;
 
@@ -133,7 +135,8 @@ impl LocalBackend {
         self.shared.fallback_reason.as_deref()
     }
 
-    /// Kills every sandbox past its deadline, whoever created it; returns how many.
+    /// Kills (or pauses, as they were created to) the sandboxes past their deadline, whoever
+    /// created them; returns how many were killed.
     pub fn sweep_expired(&self) -> usize {
         self.shared.sweep()
     }
@@ -143,6 +146,12 @@ impl LocalBackend {
         let isolation = self.shared.isolation;
         if !spec.internet && isolation == Isolation::None {
             sys::netlock_flag()?;
+        }
+        if spec.on_timeout == OnTimeout::Pause(PauseKind::Memory) && isolation == Isolation::None {
+            // Refused now rather than at the deadline, when nobody is there to hear it.
+            return Err(SandboxError::Unsupported(
+                "a sandbox that pauses its memory at its deadline needs --isolation bwrap".into(),
+            ));
         }
         let id = meta::new_id().map_err(|e| SandboxError::Io {
             id: String::new(),
@@ -165,6 +174,12 @@ impl LocalBackend {
             owner_pid: std::process::id(),
             envs: spec.envs.clone(),
             isolation,
+            timeout: spec.timeout_secs,
+            pause_at_deadline: match spec.on_timeout {
+                OnTimeout::Kill => None,
+                OnTimeout::Pause(kind) => Some(kind.into()),
+            },
+            paused: None,
         };
         let state = self.shared.state_of(&m)?;
         let owner = state.file_owner();
@@ -206,40 +221,36 @@ impl LocalBackend {
         Ok(Arc::new(LocalSandbox { state }))
     }
 
-    /// Opens an existing sandbox by id and returns its concrete handle.
+    /// Opens an existing sandbox by id, resuming it if it is paused, and returns its
+    /// concrete handle.
     pub fn connect_local(&self, id: &str) -> Result<Arc<LocalSandbox>> {
+        Ok(self.resume_local(id, Resume::AsPaused)?.0)
+    }
+
+    /// Opens an existing sandbox by id, resuming it `how` if it is paused (a running one is
+    /// left as it is), and says which it was.
+    pub fn resume_local(&self, id: &str, how: Resume) -> Result<(Arc<LocalSandbox>, Resumed)> {
         check_local_id(id)?;
-        if let Some(state) = self.shared.registered(id) {
-            state.ensure_live()?;
-            return Ok(Arc::new(LocalSandbox { state }));
-        }
-        let gone = || SandboxError::Gone { id: id.to_string() };
-        let m = match meta::read_meta(&self.shared.sandboxes.join(id)) {
-            Ok(m) if m.id == id => m,
-            Ok(_) | Err(MetaError::Missing) => return Err(gone()),
-            Err(MetaError::Corrupt(source) | MetaError::Io(source)) => {
-                return Err(SandboxError::Io {
-                    id: id.to_string(),
-                    what: "reading meta.json".into(),
-                    source,
-                })
-            }
+        let state = self.shared.state_for(id)?;
+        let resumed = match state.ensure_live() {
+            Ok(()) => Resumed::WasRunning,
+            Err(SandboxError::Paused { .. }) => pause::resume(&state, how)?,
+            Err(e) => return Err(e),
         };
-        if m.expired_at(meta::now_ms()) {
-            self.shared.destroy(id)?;
-            return Err(gone());
+        Ok((Arc::new(LocalSandbox { state }), resumed))
+    }
+
+    /// Whether the sandbox `id` runs or is paused, without resuming it; `Gone` once it is
+    /// dead.
+    pub fn run_state(&self, id: &str) -> Result<RunState> {
+        check_local_id(id)?;
+        let state = self.shared.state_for(id)?;
+        match state.ensure_live() {
+            Ok(()) => Ok(RunState::Running),
+            // Paused, or due to be: settled, so that it is.
+            Err(SandboxError::Paused { .. }) => pause::settle(&state),
+            Err(e) => Err(e),
         }
-        let fresh = self.shared.state_of(&m)?;
-        let state = {
-            let mut registry = lock(&self.shared.registry);
-            // Another thread may have connected meanwhile; share its state (and process table).
-            let slot = registry
-                .entry(id.to_string())
-                .or_insert_with(|| Arc::new(fresh));
-            Arc::clone(slot)
-        };
-        state.ensure_live()?;
-        Ok(Arc::new(LocalSandbox { state }))
     }
 }
 
@@ -288,11 +299,17 @@ impl Backend for LocalBackend {
             if m.id != id {
                 continue;
             }
-            if m.expired_at(now) {
+            let state = if m.paused.is_some() {
+                RunState::Paused
+            } else if !m.expired_at(now) {
+                RunState::Running
+            } else {
                 // Swept by any command; a failure is retried by the next one.
-                let _ = self.shared.destroy(&id);
-                continue;
-            }
+                match self.shared.expire(&id, &m) {
+                    Ok(Some(state)) => state,
+                    Ok(None) | Err(_) => continue,
+                }
+            };
             if filter.iter().all(|(k, v)| m.metadata.get(k) == Some(v)) {
                 out.push(SandboxSummary {
                     id: m.id,
@@ -300,7 +317,7 @@ impl Backend for LocalBackend {
                     metadata: m.metadata,
                     created: m.created,
                     deadline: m.deadline,
-                    state: RunState::Running,
+                    state,
                 });
             }
         }
@@ -322,11 +339,9 @@ impl Backend for LocalBackend {
         self.shared.destroy(id)
     }
 
-    fn pause(&self, id: &str, _kind: PauseKind) -> Result<Paused> {
+    fn pause(&self, id: &str, kind: PauseKind) -> Result<Paused> {
         check_local_id(id)?;
-        Err(SandboxError::Unsupported(
-            "local sandboxes cannot be paused yet".into(),
-        ))
+        pause::pause(&self.shared.state_for(id)?, kind)
     }
 }
 
@@ -350,6 +365,52 @@ impl Shared {
             .get(id)
             .filter(|s| !s.is_gone())
             .cloned()
+    }
+
+    /// The state of sandbox `id`: this process's, or one made from its meta.json and
+    /// registered. `Gone` once it is dead (killed now if its deadline passed and it dies
+    /// then).
+    fn state_for(&self, id: &str) -> Result<Arc<SandboxState>> {
+        if let Some(state) = self.registered(id) {
+            return Ok(state);
+        }
+        let gone = || SandboxError::Gone { id: id.to_string() };
+        let m = match meta::read_meta(&self.sandboxes.join(id)) {
+            Ok(m) if m.id == id => m,
+            Ok(_) | Err(MetaError::Missing) => return Err(gone()),
+            Err(MetaError::Corrupt(source) | MetaError::Io(source)) => {
+                return Err(SandboxError::Io {
+                    id: id.to_string(),
+                    what: "reading meta.json".into(),
+                    source,
+                })
+            }
+        };
+        if m.expired_at(meta::now_ms()) && m.on_timeout() == OnTimeout::Kill {
+            self.destroy(id)?;
+            return Err(gone());
+        }
+        let fresh = self.state_of(&m)?;
+        let mut registry = lock(&self.registry);
+        // Another thread may have connected meanwhile; share its state (and process table).
+        let slot = registry
+            .entry(id.to_string())
+            .or_insert_with(|| Arc::new(fresh));
+        Ok(Arc::clone(slot))
+    }
+
+    /// Does what the passed deadline of sandbox `id` (described by `m`) asks: kills it
+    /// (`None`), or pauses it. The state it is left in otherwise.
+    fn expire(&self, id: &str, m: &Meta) -> Result<Option<RunState>> {
+        if m.on_timeout() == OnTimeout::Kill {
+            self.destroy(id)?;
+            return Ok(None);
+        }
+        match pause::settle(&self.state_for(id)?) {
+            Ok(state) => Ok(Some(state)),
+            Err(e) if e.class() == ErrorClass::Gone => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn destroy(&self, id: &str) -> Result<Killed> {
@@ -390,8 +451,10 @@ impl Shared {
                     let _ = fs::remove_dir_all(&path);
                 }
             } else if meta::is_id(&name) {
-                let expired = meta::read_meta(&path).is_ok_and(|m| m.expired_at(now));
-                if expired && matches!(self.destroy(&name), Ok(Killed::Now)) {
+                let Ok(m) = meta::read_meta(&path) else {
+                    continue;
+                };
+                if m.expired_at(now) && matches!(self.expire(&name, &m), Ok(None)) {
                     swept += 1;
                 }
             }
@@ -400,7 +463,8 @@ impl Shared {
     }
 }
 
-/// Kills this backend's sandboxes when their deadline passes, until the backend is dropped.
+/// Kills (or pauses) this backend's sandboxes when their deadline passes, until the backend
+/// is dropped.
 fn watch(shared: &Shared, stop: &Receiver<()>) {
     loop {
         match stop.recv_timeout(WATCH_PERIOD) {
@@ -410,7 +474,11 @@ fn watch(shared: &Shared, stop: &Receiver<()>) {
         }
         let states: Vec<Arc<SandboxState>> = lock(&shared.registry).values().cloned().collect();
         for state in &states {
-            state.expire_if_due();
+            if state.is_due() {
+                // Nobody to tell: a sandbox that cannot be killed or paused now is tried
+                // again at the next tick.
+                let _ = pause::settle(state);
+            }
         }
         lock(&shared.registry).retain(|_, s| !s.is_gone());
     }

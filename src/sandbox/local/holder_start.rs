@@ -230,7 +230,7 @@ fn host_pid(report: Report, parent: Option<&Holder>) -> Option<u32> {
 }
 
 /// The inode of the PID namespace `pid` lives in.
-fn pid_namespace(pid: u32) -> Option<u64> {
+pub(super) fn pid_namespace(pid: u32) -> Option<u64> {
     let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
     let text = link.to_str()?;
     text.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()

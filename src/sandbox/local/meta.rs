@@ -1,17 +1,19 @@
-//! On-disk records of a local sandbox: `meta.json`, the `procs/<pid>` files, ids, and the
-//! atomic writes that keep every reader (in any wmo-e2b process) from seeing half a file.
+//! On-disk records of a local sandbox: `meta.json`, the `procs/<pid>` files, ids, the
+//! atomic writes that keep every reader (in any wmo-e2b process) from seeing half a file, and
+//! the lock that keeps writers of `meta.json` from undoing each other.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use super::isolation::Isolation;
 use super::sys;
-use crate::sandbox::{Metadata, Role};
+use crate::sandbox::{Metadata, OnTimeout, PauseKind, Role};
 
 pub(super) const ID_PREFIX: &str = "lsb-";
 pub(super) const META_FILE: &str = "meta.json";
@@ -21,6 +23,11 @@ pub(super) const TMP_DIR: &str = "tmp";
 pub(super) const SYSTEM_DIR: &str = "system";
 /// The copy of the home and `/tmp` that `reset` restores.
 pub(super) const SEALED_DIR: &str = "sealed";
+
+/// How long a writer of `meta.json` waits for the lock: longer than the slowest pause or
+/// resume, which hold it throughout.
+const LOCK_WAIT: Duration = Duration::from_secs(60);
+const LOCK_POLL: Duration = Duration::from_millis(5);
 
 /// Bounds what we read back from records another process (or a person) may have written.
 const MAX_META_BYTES: u64 = 1 << 20;
@@ -45,12 +52,77 @@ pub(super) struct Meta {
     /// How its processes are confined (fixed at create).
     #[serde(default)]
     pub isolation: Isolation,
+    /// Seconds of life it was created with, which a resume gives it again.
+    #[serde(default)]
+    pub timeout: u64,
+    /// How it is paused when its deadline passes; `None`: it dies then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_at_deadline: Option<PauseMode>,
+    /// Set while it is paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<PausedRecord>,
 }
 
 impl Meta {
+    /// Whether its deadline has passed; a paused sandbox has none.
     pub fn expired_at(&self, now_ms: u64) -> bool {
-        now_ms >= self.deadline.saturating_mul(1000)
+        self.paused.is_none() && now_ms >= self.deadline.saturating_mul(1000)
     }
+
+    pub fn on_timeout(&self) -> OnTimeout {
+        self.pause_at_deadline
+            .map_or(OnTimeout::Kill, |m| OnTimeout::Pause(m.into()))
+    }
+
+    /// The seconds of life a resume gives: what it was created with (records from before
+    /// that was kept: the life it was first given).
+    pub fn resume_timeout(&self) -> u64 {
+        if self.timeout > 0 {
+            self.timeout
+        } else {
+            self.deadline.saturating_sub(self.created).max(1)
+        }
+    }
+}
+
+/// How a sandbox is paused, as `meta.json` spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum PauseMode {
+    Memory,
+    Filesystem,
+}
+
+impl From<PauseKind> for PauseMode {
+    fn from(kind: PauseKind) -> PauseMode {
+        match kind {
+            PauseKind::Memory => PauseMode::Memory,
+            PauseKind::Filesystem => PauseMode::Filesystem,
+        }
+    }
+}
+
+impl From<PauseMode> for PauseKind {
+    fn from(mode: PauseMode) -> PauseKind {
+        match mode {
+            PauseMode::Memory => PauseKind::Memory,
+            PauseMode::Filesystem => PauseKind::Filesystem,
+        }
+    }
+}
+
+/// What `meta.json` keeps of a paused sandbox, so that any wmo-e2b process can resume it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct PausedRecord {
+    pub kind: PauseMode,
+    /// Unix seconds.
+    pub at: u64,
+    /// Seconds of life the resume gives it.
+    pub timeout: u64,
+    /// Processes (pid, start time) that were stopped before the pause, by the sandbox
+    /// itself: a resume leaves them stopped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_stopped: Vec<(u32, u64)>,
 }
 
 #[derive(Debug)]
@@ -74,6 +146,42 @@ pub(super) fn read_meta(dir: &Path) -> Result<Meta, MetaError> {
 pub(super) fn write_meta(dir: &Path, meta: &Meta) -> io::Result<()> {
     let bytes = serde_json::to_vec_pretty(meta).map_err(io::Error::from)?;
     write_atomic(dir, META_FILE, &bytes)
+}
+
+/// The lock on a sandbox directory, held (in any wmo-e2b process) by whoever rewrites its
+/// `meta.json` from what it read there, so that no write undoes another: a pause or resume
+/// holds it from its first look to its last write. Released on drop.
+pub(super) struct DirLock {
+    _dir: File,
+}
+
+impl DirLock {
+    /// Takes the lock on `dir`, waiting for at most [`LOCK_WAIT`]. NotFound when `dir` is
+    /// gone (the sandbox was killed).
+    pub fn take(dir: &Path) -> io::Result<DirLock> {
+        let file = File::open(dir)?;
+        let deadline = Instant::now() + LOCK_WAIT;
+        loop {
+            // SAFETY: flock on a descriptor we own; the lock goes with it.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(DirLock { _dir: file });
+            }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(err);
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "another wmo-e2b process held the sandbox's lock for {} s",
+                        LOCK_WAIT.as_secs()
+                    ),
+                ));
+            }
+            std::thread::sleep(LOCK_POLL);
+        }
+    }
 }
 
 /// A process record: which process a pid meant when we started it, for whom, and its
@@ -240,6 +348,14 @@ mod tests {
             owner_pid: 7,
             envs: vec![("A".into(), "b".into())],
             isolation: Isolation::Bwrap,
+            timeout: 30,
+            pause_at_deadline: Some(PauseMode::Filesystem),
+            paused: Some(PausedRecord {
+                kind: PauseMode::Memory,
+                at: 3,
+                timeout: 30,
+                kept_stopped: vec![(9, 10)],
+            }),
         };
         write_meta(dir.path(), &meta).unwrap();
         assert_eq!(read_meta(dir.path()).unwrap(), meta);
@@ -265,6 +381,44 @@ mod tests {
         let read = read_proc_records(&dir.path().join(PROCS_DIR)).unwrap();
         assert_eq!(read[0], rec);
         assert_eq!((read[1].pid, read[1].role), (43, Role::Task));
+    }
+
+    #[test]
+    fn a_paused_sandbox_never_expires() {
+        let json = r#"{"id": "lsb-0000000000000000", "created": 10, "deadline": 40,
+            "metadata": {}, "template": null, "internet": true, "owner_pid": 7}"#;
+        let mut meta: Meta = serde_json::from_str(json).unwrap();
+        // A record from before pausing existed: killed at its deadline, resumed with the
+        // life it was first given.
+        assert_eq!(meta.on_timeout(), OnTimeout::Kill);
+        assert_eq!(meta.resume_timeout(), 30);
+        assert!(meta.expired_at(40_000));
+        meta.paused = Some(PausedRecord {
+            kind: PauseMode::Filesystem,
+            at: 20,
+            timeout: 30,
+            kept_stopped: Vec::new(),
+        });
+        assert!(!meta.expired_at(u64::MAX));
+        let text = serde_json::to_string(&meta).unwrap();
+        assert!(text.contains(r#""kind":"filesystem""#), "{text}");
+    }
+
+    #[test]
+    fn the_directory_lock_is_held_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = DirLock::take(dir.path()).unwrap();
+        let other = File::open(dir.path()).unwrap();
+        // SAFETY: flock on a descriptor we own.
+        let rc = unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(rc, -1, "a second holder got the lock");
+        drop(held);
+        assert!(DirLock::take(dir.path()).is_ok());
+        let gone = dir.path().join("gone");
+        assert_eq!(
+            DirLock::take(&gone).err().map(|e| e.kind()),
+            Some(io::ErrorKind::NotFound)
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //!
 //! ```text
 //! <id>/meta.json     id, created, deadline, metadata, template, internet, owner_pid, envs,
-//!                    isolation
+//!                    isolation, timeout, pause_at_deadline, paused (see `pause`)
 //! <id>/procs/<pid>   one per started process: its start time and role, then its command
 //! <id>/ns/           the holders of its PID namespaces (bwrap; see `ns`)
 //! <id>/root/         the sandbox's home()
@@ -22,10 +22,12 @@
 //! .new-<id>          a sandbox being created
 //! ```
 //!
-//! Lifetimes: a sandbox dies at its deadline. Every `LocalBackend::open` (so every wmo-e2b
-//! command) sweeps expired sandboxes, each backend runs a watcher thread that kills its own
-//! sandboxes when their deadline passes, and any call on an expired sandbox kills it. Killing
-//! a sandbox kills every process group it started, whichever wmo-e2b process started it.
+//! Lifetimes: a sandbox dies at its deadline, or is paused then if it was created to be
+//! (`OnTimeout::Pause`). Every `LocalBackend::open` (so every wmo-e2b command) sweeps expired
+//! sandboxes, each backend runs a watcher thread that kills (or pauses) its own sandboxes
+//! when their deadline passes, and any call on an expired sandbox kills it. Killing a sandbox
+//! kills every process group it started, whichever wmo-e2b process started it. A paused
+//! sandbox has no deadline: it lives until it is resumed (`connect`) or killed.
 //!
 //! Modules, each using only those above it:
 //!
@@ -41,7 +43,9 @@
 //! proc_table    the processes this wmo-e2b process started and has not reaped
 //! snapshot      copies and listings of directory trees
 //! teardown      killing a sandbox
+//! freeze        stopping and continuing every process of a sandbox's namespaces
 //! state         what every handle on one sandbox shares
+//! pause         pausing and resuming a sandbox
 //! process       starting processes and carrying their output
 //! reset         seal and reset
 //! sandbox       the `Sandbox` handle
@@ -51,11 +55,13 @@
 mod backend;
 pub mod confined;
 mod enter;
+mod freeze;
 mod holder_start;
 pub mod isolation;
 mod meta;
 mod ns;
 mod outlet;
+mod pause;
 mod proc_table;
 mod process;
 mod reset;
@@ -68,4 +74,5 @@ mod teardown;
 pub use backend::{LocalBackend, LocalOptions};
 pub use confined::Beneath;
 pub use isolation::{Isolation, IsolationChoice};
+pub use pause::{Resume, Resumed};
 pub use sandbox::LocalSandbox;

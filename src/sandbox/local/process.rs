@@ -216,6 +216,13 @@ fn start(state: &Arc<SandboxState>, l: &Launch, outlet: Option<Outlet>) -> Resul
             state.io_error("recording a process", e)
         });
     }
+    // A pause recorded before the record above was written did not see this process, which
+    // must not run in a paused sandbox (see `pause`).
+    if let Err(e) = state.ensure_live() {
+        abandon(&mut child);
+        meta::remove_proc_record(&state.dir, pid);
+        return Err(e);
+    }
     let (entry, reaped_tx) = ProcEntry::new(
         pid,
         stat.start_time,

@@ -1,9 +1,11 @@
 //! What every handle on one local sandbox shares within this wmo-e2b process: where its
 //! directories are and how the sandbox sees them, its namespace holders, its process table,
-//! its cached deadline, and the checks and errors every operation on it goes through.
+//! its cached deadline and pause, and the checks and errors every operation on it goes
+//! through.
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,13 +16,15 @@ use super::holder_start;
 use super::isolation::{
     self, Binds, Bwrap, Isolation, BWRAP_HOME, BWRAP_SYSTEM, BWRAP_TMP, SANDBOX_UID,
 };
-use super::meta::{self, Meta, MetaError, META_FILE, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
+use super::meta::{self, DirLock, Meta, MetaError, META_FILE, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
 use super::ns::{self, Holder, Space};
 use super::proc_table::{ProcEntry, ProcTable};
 use super::snapshot::Sealed;
 use super::sys;
 use super::teardown;
-use crate::sandbox::{normalize_relative, ErrorClass, Killed, Result, Role, SandboxError};
+use crate::sandbox::{
+    normalize_relative, ErrorClass, Killed, OnTimeout, Result, Role, SandboxError,
+};
 use crate::sync::lock;
 
 /// What every sandbox of a backend shares.
@@ -63,10 +67,13 @@ pub(super) struct SandboxState {
     /// Unix seconds. A cache: when it passes, meta.json is read again, since another wmo-e2b
     /// process may have extended it.
     deadline: AtomicU64,
+    /// Whether meta.json said the sandbox is paused when last read.
+    paused: AtomicBool,
+    /// Which meta.json was last read: one that differs was rewritten since (paused, resumed,
+    /// given a new deadline), here or by another wmo-e2b process, and is read again.
+    read_stamp: Mutex<Option<Stamp>>,
     internet: AtomicBool,
     gone: AtomicBool,
-    /// Serializes read-modify-write of meta.json within this process.
-    meta_lock: Mutex<()>,
     /// So a second concurrent kill returns only once the first has finished.
     destroy_lock: Mutex<()>,
     /// The namespace holders last seen alive (bwrap only), by `Space`.
@@ -130,9 +137,10 @@ impl SandboxState {
             envs: meta.envs.clone(),
             host,
             deadline: AtomicU64::new(meta.deadline),
+            paused: AtomicBool::new(meta.paused.is_some()),
+            read_stamp: Mutex::new(None),
             internet: AtomicBool::new(meta.internet),
             gone: AtomicBool::new(false),
-            meta_lock: Mutex::new(()),
             destroy_lock: Mutex::new(()),
             holders: Mutex::new([None, None, None]),
             spare: Mutex::new(None),
@@ -188,6 +196,18 @@ impl SandboxState {
             .map_err(|e| self.io_error("starting the sandbox's namespace", e))?;
         lock(&self.holders)[space as usize] = Some(h);
         Ok(h)
+    }
+
+    /// Waits for the spare task namespace being made, if any, and hands it over: a pause
+    /// needs no process of the sandbox still being started.
+    pub fn take_spare(&self) -> Option<Holder> {
+        let job = lock(&self.spare).take()?;
+        job.join().ok().and_then(Result::ok)
+    }
+
+    /// Forgets the holders seen alive: a filesystem pause ended them.
+    pub fn forget_holders(&self) {
+        *lock(&self.holders) = [None, None, None];
     }
 
     /// Starts making the next task namespace in the background.
@@ -307,45 +327,95 @@ impl SandboxState {
         }
     }
 
+    pub fn paused_error(&self) -> SandboxError {
+        SandboxError::Paused {
+            id: self.id.clone(),
+        }
+    }
+
     /// `Gone` once the sandbox was killed (here or by another wmo-e2b process) or its deadline
-    /// passed; a passed deadline kills it now.
+    /// passed, `Paused` while it is paused (or due to be: its deadline passed and it pauses
+    /// then); a passed deadline kills a sandbox that dies then now.
     pub fn ensure_live(&self) -> Result<()> {
         if self.is_gone() {
             return Err(self.gone());
         }
-        if meta::now_ms() >= self.deadline.load(Ordering::SeqCst).saturating_mul(1000) {
+        self.refresh()?;
+        if self.paused.load(Ordering::SeqCst) {
+            return Err(self.paused_error());
+        }
+        if self.deadline_passed() {
             return self.recheck_deadline();
         }
-        match fs::symlink_metadata(self.dir.join(META_FILE)) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(self.gone_now()),
-            Err(e) => Err(self.io_error("checking meta.json", e)),
-        }
+        Ok(())
     }
 
-    /// For the watcher: kills the sandbox if its deadline has really passed.
-    pub fn expire_if_due(&self) {
-        if !self.is_gone()
-            && meta::now_ms() >= self.deadline.load(Ordering::SeqCst).saturating_mul(1000)
-        {
-            // Nobody to tell: a sandbox that cannot be killed now is retried at the next tick.
-            let _ = self.recheck_deadline();
+    /// For the watcher: whether the sandbox's deadline has really passed (it is not paused,
+    /// and no process moved the deadline), so that it must die or pause now.
+    pub fn is_due(&self) -> bool {
+        // The refresh also sees a resume by another process, which gives a deadline again.
+        if self.is_gone() || self.refresh().is_err() || self.paused.load(Ordering::SeqCst) {
+            return false;
         }
+        if !self.deadline_passed() {
+            return false;
+        }
+        self.read_meta().is_ok_and(|m| {
+            self.note(&m);
+            m.expired_at(meta::now_ms())
+        })
     }
 
-    /// The cached deadline passed: unless another process moved it, the sandbox dies now.
+    fn deadline_passed(&self) -> bool {
+        meta::now_ms() >= self.deadline.load(Ordering::SeqCst).saturating_mul(1000)
+    }
+
+    /// Reads meta.json again if it was rewritten since it was last read; `Gone` once it is
+    /// not there.
+    fn refresh(&self) -> Result<()> {
+        let stamp = match fs::symlink_metadata(self.dir.join(META_FILE)) {
+            Ok(m) => Stamp::of(&m),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(self.gone_now()),
+            Err(e) => return Err(self.io_error("checking meta.json", e)),
+        };
+        if *lock(&self.read_stamp) != Some(stamp) {
+            // Stamped before the read: a rewrite in between is read again next time.
+            let m = self.read_meta()?;
+            self.note(&m);
+            *lock(&self.read_stamp) = Some(stamp);
+        }
+        Ok(())
+    }
+
+    /// Caches what `m` says of the deadline and the pause.
+    fn note(&self, m: &Meta) {
+        self.deadline.store(m.deadline, Ordering::SeqCst);
+        self.paused.store(m.paused.is_some(), Ordering::SeqCst);
+    }
+
+    /// The cached deadline passed: unless another process moved it, the sandbox dies now, or
+    /// (when it pauses at its deadline) serves nothing until the watcher or the next sweep
+    /// has paused it.
     fn recheck_deadline(&self) -> Result<()> {
         let m = self.read_meta()?;
-        if m.expired_at(meta::now_ms()) {
-            self.destroy()?;
-            return Err(self.gone());
+        self.note(&m);
+        if m.paused.is_some() {
+            return Err(self.paused_error());
         }
-        self.deadline.store(m.deadline, Ordering::SeqCst);
+        if m.expired_at(meta::now_ms()) {
+            return match m.on_timeout() {
+                OnTimeout::Kill => {
+                    self.destroy()?;
+                    Err(self.gone())
+                }
+                OnTimeout::Pause(_) => Err(self.paused_error()),
+            };
+        }
         Ok(())
     }
 
     /// `meta.json` as it is on disk now; `Gone` once it is not there.
-    fn read_meta(&self) -> Result<Meta> {
+    pub fn read_meta(&self) -> Result<Meta> {
         meta::read_meta(&self.dir).map_err(|e| match e {
             MetaError::Missing => self.gone_now(),
             MetaError::Corrupt(e) | MetaError::Io(e) => self.io_error("reading meta.json", e),
@@ -369,13 +439,30 @@ impl SandboxState {
         }
     }
 
+    /// Takes the lock every rewrite of meta.json holds (see `DirLock`).
+    pub fn lock_meta(&self) -> Result<DirLock> {
+        DirLock::take(&self.dir).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => self.gone_now(),
+            _ => self.io_error("locking the sandbox directory", e),
+        })
+    }
+
     /// Rewrites meta.json (atomically) with `change` applied to what is on disk now.
-    fn update_meta(&self, change: impl FnOnce(&mut Meta)) -> Result<Meta> {
-        let _one = lock(&self.meta_lock);
+    pub fn update_meta(&self, change: impl FnOnce(&mut Meta)) -> Result<Meta> {
+        let held = self.lock_meta()?;
+        self.rewrite_meta(&held, change)
+    }
+
+    /// [`SandboxState::update_meta`] for a caller that holds the lock already.
+    pub fn rewrite_meta(&self, _held: &DirLock, change: impl FnOnce(&mut Meta)) -> Result<Meta> {
         let mut m = self.read_meta()?;
         change(&mut m);
         match meta::write_meta(&self.dir, &m) {
-            Ok(()) => Ok(m),
+            Ok(()) => {
+                self.note(&m);
+                *lock(&self.read_stamp) = None;
+                Ok(m)
+            }
             // The directory vanished under us: killed by someone else.
             Err(e) if e.kind() == io::ErrorKind::NotFound => Err(self.gone_now()),
             Err(e) => Err(self.io_error("writing meta.json", e)),
@@ -384,8 +471,7 @@ impl SandboxState {
 
     /// Moves the deadline to `secs` from now, for every wmo-e2b process.
     pub fn set_timeout(&self, secs: u64) -> Result<()> {
-        let m = self.update_meta(|m| m.deadline = meta::deadline_after(secs))?;
-        self.deadline.store(m.deadline, Ordering::SeqCst);
+        self.update_meta(|m| m.deadline = meta::deadline_after(secs))?;
         Ok(())
     }
 
@@ -475,6 +561,26 @@ impl SandboxState {
                 source: None,
             },
             _ => self.io_error(format!("{what} {path}"), e),
+        }
+    }
+}
+
+/// Which file a path named when it was looked at: a rewrite (a rename over it) changes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    mtime: (i64, i64),
+    size: u64,
+}
+
+impl Stamp {
+    fn of(m: &fs::Metadata) -> Stamp {
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            size: m.size(),
         }
     }
 }

@@ -286,26 +286,58 @@ pub(super) fn end_launched(pid: u32, start_time: u64) -> io::Result<()> {
         if proc_stat(child).is_none_or(|s| s.ppid != pid) {
             continue;
         }
-        // SAFETY: a pidfd we own, a signal number, no siginfo.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        if rc == 0 {
-            signalled = true;
-        } else if io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
-            return Err(io::Error::last_os_error());
-        }
+        signalled |= pidfd_signal(&fd, libc::SIGKILL)?;
     }
     if signalled {
         wait_gone(pid, start_time, LAUNCHER_GRACE);
     }
     Ok(())
+}
+
+/// Sends `signal` to `pid` if it is still the process that started at `start_time`; through
+/// a pidfd where the kernel has them, so that a pid reused meanwhile is never signalled.
+/// `Ok(false)` when that process is gone.
+pub(super) fn signal_recorded(pid: u32, start_time: u64, signal: libc::c_int) -> io::Result<bool> {
+    let Some(p) = as_pgid(pid) else {
+        return Ok(false);
+    };
+    let fd = pidfd_open(pid);
+    // Checked after the open: the pidfd then names the process the check saw.
+    if proc_stat(pid).is_none_or(|s| s.start_time != start_time) {
+        return Ok(false);
+    }
+    match fd {
+        Some(fd) => pidfd_signal(&fd, signal),
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        None if unsafe { libc::kill(p, signal) } == 0 => Ok(true),
+        None => match io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
+            e => Err(e),
+        },
+    }
+}
+
+/// Sends `signal` through a pidfd; `Ok(false)` when the process has exited.
+fn pidfd_signal(fd: &std::os::fd::OwnedFd, signal: libc::c_int) -> io::Result<bool> {
+    // SAFETY: a pidfd we own, a signal number, no siginfo.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        Ok(false)
+    } else {
+        Err(err)
+    }
 }
 
 /// A pidfd for `pid`, when the kernel offers them (Linux 5.3) and the process exists.

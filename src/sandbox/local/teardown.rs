@@ -6,7 +6,9 @@
 //! kills its own child. Then (under bwrap) the PID 1 of each of the sandbox's namespaces is
 //! SIGKILLed, which takes every process in them down however it detached, and then every
 //! recorded process group; the kill is confirmed, and the tombstone is removed. A tombstone
-//! left by a crash is finished by the next sweep.
+//! left by a crash is finished by the next sweep. SIGKILL ends stopped processes too, a
+//! namespace's PID 1 included, so a memory-paused sandbox dies the same way (its commands'
+//! launchers, outside, were never stopped and still reap them).
 
 use std::fs;
 use std::io;
@@ -35,19 +37,33 @@ pub(super) fn bury(sandboxes: &Path, id: &str) -> io::Result<PathBuf> {
 /// Kills every process group recorded in a buried sandbox, confirms they are gone, and removes
 /// the tombstone. `table` holds the processes this wmo-e2b process started, if any.
 pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) -> Result<()> {
+    end_processes(tomb, id, table)?;
+    // Best effort: nothing runs any more, and a leftover tombstone is removed by the next sweep.
+    let _ = fs::remove_dir_all(tomb);
+    Ok(())
+}
+
+/// Kills every process of the sandbox in `dir` (its namespaces, then its recorded process
+/// groups) and proves them gone, leaving its files: what a kill and a filesystem pause do.
+/// Returns the process records it read, all of them now over.
+pub(super) fn end_processes(
+    dir: &Path,
+    id: &str,
+    table: Option<&ProcTable>,
+) -> Result<Vec<ProcRecord>> {
     let io_error = |what: String, source: io::Error| SandboxError::Io {
         id: id.to_string(),
         what,
         source,
     };
-    let records = match meta::read_proc_records(&tomb.join(PROCS_DIR)) {
+    let records = match meta::read_proc_records(&dir.join(PROCS_DIR)) {
         Ok(r) => r,
         Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(io_error("reading the process records".into(), e)),
     };
     // The namespaces first, innermost first, each proven gone before the next: see
     // `Holder::kill` for why the launchers (the recorded groups) must outlive them.
-    for h in ns::recorded(tomb) {
+    for h in ns::recorded(dir) {
         match h.kill(KILL_WAIT) {
             Ok(true) => {}
             Ok(false) => {
@@ -62,15 +78,13 @@ pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) ->
     let alive = kill_recorded_groups(&records, table)
         .map_err(|(pgid, e)| io_error(format!("killing process group {pgid}"), e))?;
     if !alive.is_empty() {
-        // Keep the tombstone so the next sweep tries again.
+        // A tombstone is kept so the next sweep tries again.
         return Err(io_error(
             format!("killing process groups {alive:?}"),
             io::Error::new(io::ErrorKind::TimedOut, "still running 5 s after SIGKILL"),
         ));
     }
-    // Best effort: nothing runs any more, and a leftover tombstone is removed by the next sweep.
-    let _ = fs::remove_dir_all(tomb);
-    Ok(())
+    Ok(records)
 }
 
 /// SIGKILLs the process group of each record (through its entry in `table` when this
