@@ -1,7 +1,7 @@
 //! What the request threads share: the table of sandboxes this emulator created, the local
 //! backend behind them, the fault generators, the counters, and the stop signal.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -13,8 +13,8 @@ use super::config::EmulatorConfig;
 use super::faults::{FaultCounts, Faults};
 use super::http::Server;
 use super::hub::ProcHub;
-use crate::sandbox::local::{LocalBackend, LocalSandbox};
-use crate::sandbox::{Backend, Metadata, Sandbox, SandboxError};
+use crate::sandbox::local::{LocalBackend, LocalSandbox, Resume, Resumed};
+use crate::sandbox::{Backend, Metadata, PauseKind, RunState, Sandbox, SandboxError};
 use crate::sync::lock;
 
 /// Counters for tests and for `GET /_emulator/stats`.
@@ -25,8 +25,10 @@ pub struct Stats {
     pub requests: u64,
     pub creates: u64,
     pub streams: u64,
-    /// Sandboxes this emulator created that are still alive.
+    /// Sandboxes this emulator created that are still alive, running or paused.
     pub sandboxes: usize,
+    /// Those of them that are paused.
+    pub paused: usize,
     pub connections: usize,
 }
 
@@ -40,14 +42,35 @@ pub(super) struct SandboxEntry {
     /// `None` for a v1 create without `secure`: envd then asks for no token.
     pub token: Option<String>,
     pub started: SystemTime,
-    /// When the sandbox dies (the local backend enforces it, rounded up to a second).
+    /// When the sandbox dies (the local backend enforces it, rounded up to a second); for a
+    /// paused one, when it was to end before it was paused.
     pub deadline: Mutex<SystemTime>,
+    /// The timeout it was created with, which a resume by envd traffic gives it again.
+    pub timeout: u64,
+    pub lifecycle: Lifecycle,
     pub metadata: Metadata,
     pub env_vars: BTreeMap<String, String>,
     pub network: Mutex<NetworkState>,
     /// Processes started through envd, kept 30 s after they end so `Connect` can replay the
     /// end (as envd does).
     pub procs: Mutex<HashMap<u32, Arc<ProcHub>>>,
+}
+
+/// What a sandbox does at its timeout, and whether envd traffic wakes it once paused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Lifecycle {
+    /// How it is paused at its timeout; `None`: it is killed then.
+    pub pause: Option<PauseKind>,
+    pub auto_resume: bool,
+}
+
+/// Why a paused sandbox could not be woken for an envd request.
+pub(super) enum Asleep {
+    /// It was not created to be woken by traffic (or it is gone).
+    NotWoken,
+    /// Waking it would pass the limit on running sandboxes.
+    AtLimit,
+    Failed(SandboxError),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -102,13 +125,15 @@ impl Shared {
     }
 
     pub fn stats(&self) -> Stats {
+        let live = self.live_entries().unwrap_or_default();
         Stats {
             seed: self.config.seed,
             faults: self.faults.counts(),
             requests: self.requests.load(Ordering::SeqCst),
             creates: self.creates.load(Ordering::SeqCst),
             streams: self.streams.load(Ordering::SeqCst),
-            sandboxes: self.live_entries().map_or(0, |live| live.len()),
+            sandboxes: live.len(),
+            paused: live.iter().filter(|(_, s)| *s == RunState::Paused).count(),
             connections: self.server.connections(),
         }
     }
@@ -118,32 +143,73 @@ impl Shared {
         constant_time_eq(given.as_bytes(), self.config.api_key.as_bytes())
     }
 
-    /// Live sandboxes of this emulator. The backend's list also kills whatever passed its
-    /// deadline, so a dead sandbox is never reported.
-    pub fn live_entries(&self) -> Result<Vec<Arc<SandboxEntry>>, SandboxError> {
-        let live = self.backend.list(&Metadata::new())?;
-        let live: HashSet<String> = live.into_iter().map(|s| s.id).collect();
+    /// Live sandboxes of this emulator, each running or paused. The backend's list also
+    /// kills (or pauses) whatever passed its deadline, so a dead sandbox is never reported.
+    pub fn live_entries(&self) -> Result<Vec<(Arc<SandboxEntry>, RunState)>, SandboxError> {
+        let live: HashMap<String, RunState> = self
+            .backend
+            .list(&Metadata::new())?
+            .into_iter()
+            .map(|s| (s.id, s.state))
+            .collect();
         let table = lock(&self.table);
         Ok(table
             .map
             .values()
-            .filter(|e| live.contains(&e.local_id))
-            .cloned()
+            .filter_map(|e| Some((Arc::clone(e), *live.get(&e.local_id)?)))
             .collect())
     }
 
     /// The entry for `id` if the sandbox is still alive; a dead one is forgotten.
     pub fn live_sandbox(&self, id: &str) -> Option<Arc<SandboxEntry>> {
+        self.lookup(id).map(|(e, _)| e)
+    }
+
+    /// The entry for `id` and whether it runs or is paused (never resumed by looking), if
+    /// it is alive; a dead one is forgotten.
+    pub fn lookup(&self, id: &str) -> Option<(Arc<SandboxEntry>, RunState)> {
         let entry = lock(&self.table).map.get(id).cloned()?;
-        match self.backend.connect_local(&entry.local_id) {
-            Ok(_) => Some(entry),
+        match self.backend.run_state(&entry.local_id) {
+            Ok(state) => Some((entry, state)),
             Err(SandboxError::Gone { .. }) => {
                 self.forget(id);
                 None
             }
             // Cannot tell (an I/O error reading its meta): let the operation itself fail.
-            Err(_) => Some(entry),
+            Err(_) => Some((entry, RunState::Running)),
         }
+    }
+
+    /// The entry for `id` if its sandbox runs, woken first when it is paused and was created
+    /// to be woken by traffic (E2B's `autoResume`).
+    pub fn awake_sandbox(&self, id: &str) -> Result<Arc<SandboxEntry>, Asleep> {
+        let (entry, state) = self.lookup(id).ok_or(Asleep::NotWoken)?;
+        if state == RunState::Running {
+            return Ok(entry);
+        }
+        if !entry.lifecycle.auto_resume {
+            return Err(Asleep::NotWoken);
+        }
+        if self.running_count().map_err(Asleep::Failed)? >= self.config.max_sandboxes {
+            return Err(Asleep::AtLimit);
+        }
+        entry
+            .resume(self, Resume::AsPaused, entry.timeout)
+            .map_err(|e| match e {
+                SandboxError::Gone { .. } => Asleep::NotWoken,
+                e => Asleep::Failed(e),
+            })?;
+        Ok(entry)
+    }
+
+    /// How many sandboxes of this emulator run (paused ones do not count against E2B's
+    /// limit on concurrent sandboxes).
+    pub fn running_count(&self) -> Result<usize, SandboxError> {
+        Ok(self
+            .live_entries()?
+            .iter()
+            .filter(|(_, s)| *s == RunState::Running)
+            .count())
     }
 
     pub fn forget(&self, id: &str) {
@@ -155,7 +221,7 @@ impl Shared {
         let entries: Vec<Arc<SandboxEntry>> = lock(&self.table).map.values().cloned().collect();
         for e in entries {
             if matches!(
-                self.backend.connect_local(&e.local_id),
+                self.backend.run_state(&e.local_id),
                 Err(SandboxError::Gone { .. })
             ) {
                 self.forget(&e.id);
@@ -202,6 +268,17 @@ impl SandboxEntry {
             self.set_deadline(secs)?;
         }
         Ok(())
+    }
+
+    /// Resumes the paused sandbox `how` and gives it `secs` to live; `false` when it ran
+    /// already (it is left as it was).
+    pub fn resume(&self, shared: &Shared, how: Resume, secs: u64) -> Result<bool, SandboxError> {
+        let (_, resumed) = shared.backend.resume_local(&self.local_id, how)?;
+        if resumed == Resumed::WasRunning {
+            return Ok(false);
+        }
+        self.set_deadline(secs)?;
+        Ok(true)
     }
 
     /// Whether `given` is this sandbox's envd access token (false when it has none).

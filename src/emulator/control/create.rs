@@ -13,12 +13,12 @@ use super::body::{
     body_object, bool_of, int_of, present, string_list, string_map, timeout_secs,
     V1_DEFAULT_TIMEOUT, V2_DEFAULT_TIMEOUT,
 };
-use super::reply::{backend_error, sandbox_json, stopping, Answer};
+use super::reply::{at_limit, backend_error, sandbox_json, stopping, Answer};
 use crate::emulator::faults::CreateFault;
 use crate::emulator::http::{Request, Response};
-use crate::emulator::state::{NetworkState, SandboxEntry, Shared, Table};
+use crate::emulator::state::{Lifecycle, NetworkState, SandboxEntry, Shared, Table};
 use crate::sandbox::e2b::is_idempotency_key;
-use crate::sandbox::{Backend, CreateSpec, Metadata, OnTimeout, Sandbox};
+use crate::sandbox::{Backend, CreateSpec, Metadata, OnTimeout, PauseKind, RunState, Sandbox};
 use crate::sync::lock;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -96,6 +96,7 @@ struct Wanted {
     env_vars: BTreeMap<String, String>,
     secure: bool,
     net: NetworkState,
+    lifecycle: Lifecycle,
 }
 
 impl Wanted {
@@ -126,12 +127,9 @@ impl Wanted {
             bool_of(body, "allow_internet_access")?,
             present(body, "network"),
         )?;
+        let lifecycle = lifecycle(body)?;
         // What local sandboxes cannot give is refused, not silently left out.
         let refused = [
-            (
-                bool_of(body, "autoPause")? == Some(true),
-                "autoPause is not supported by the wmo-e2b emulator (local sandboxes cannot pause)",
-            ),
             (
                 present(body, "mcp").is_some(),
                 "mcp is not supported by the wmo-e2b emulator",
@@ -152,8 +150,48 @@ impl Wanted {
             env_vars,
             secure,
             net,
+            lifecycle,
         })
     }
+}
+
+/// What a create's `autoPause`, `autoPauseMemory` and `autoResume` ask for (what the SDK's
+/// `lifecycle` becomes): a pause at the timeout, full unless `autoPauseMemory` is false, and
+/// whether envd traffic wakes the paused sandbox.
+fn lifecycle(body: &Map<String, Value>) -> Result<Lifecycle, Response> {
+    let auto_pause = bool_of(body, "autoPause")?.unwrap_or(false);
+    let memory = bool_of(body, "autoPauseMemory")?.unwrap_or(true);
+    let auto_resume = match present(body, "autoResume") {
+        None => false,
+        Some(Value::Object(m)) => bool_of(m, "enabled")?.unwrap_or(false),
+        Some(_) => {
+            return Err(Response::error(
+                400,
+                "autoResume must be an object {\"enabled\": bool}",
+            ))
+        }
+    };
+    if auto_resume && !auto_pause {
+        return Err(Response::error(
+            400,
+            "autoResume can only be enabled for a sandbox that pauses at its timeout (autoPause)",
+        ));
+    }
+    if auto_resume && !memory {
+        return Err(Response::error(
+            400,
+            "autoResume cannot wake a filesystem-only pause (autoPauseMemory false): \
+             connect to resume it",
+        ));
+    }
+    Ok(Lifecycle {
+        pause: auto_pause.then_some(if memory {
+            PauseKind::Memory
+        } else {
+            PauseKind::Filesystem
+        }),
+        auto_resume,
+    })
 }
 
 /// The egress a create or network update asks for. The local backend can only allow or deny
@@ -205,19 +243,18 @@ pub(super) fn egress(
 /// Reserves a slot so concurrent creates cannot overshoot the limit.
 fn reserve_slot(shared: &Shared) -> Result<(), Response> {
     shared.purge_dead();
+    // Paused sandboxes do not count against E2B's limit; a resume is checked against it.
+    let paused = match shared.live_entries() {
+        Ok(live) => live.iter().filter(|(_, s)| *s == RunState::Paused).count(),
+        Err(e) => return Err(backend_error("", &e)),
+    };
     let mut table = lock(&shared.table);
     if table.closed {
         return Err(stopping());
     }
     let max = shared.config.max_sandboxes;
-    if table.map.len() + table.pending >= max {
-        return Err(Response::error(
-            429,
-            format!(
-                "you have reached the maximum number of concurrent E2B sandboxes ({max}). \
-                 If you need more, start the emulator with a higher limit"
-            ),
-        ));
+    if table.map.len().saturating_sub(paused) + table.pending >= max {
+        return Err(at_limit(max));
     }
     table.pending += 1;
     Ok(())
@@ -235,7 +272,10 @@ fn create_sandbox(shared: &Shared, wanted: Wanted) -> Result<Arc<SandboxEntry>, 
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         internet: wanted.net.internet,
-        on_timeout: OnTimeout::Kill,
+        on_timeout: wanted
+            .lifecycle
+            .pause
+            .map_or(OnTimeout::Kill, OnTimeout::Pause),
     };
     let created = shared.backend.create_local(&spec);
     let token = if wanted.secure {
@@ -257,6 +297,8 @@ fn create_sandbox(shared: &Shared, wanted: Wanted) -> Result<Arc<SandboxEntry>, 
         token,
         started,
         deadline: Mutex::new(started + Duration::from_secs(wanted.timeout)),
+        timeout: wanted.timeout,
+        lifecycle: wanted.lifecycle,
         metadata: wanted.metadata,
         env_vars: wanted.env_vars,
         network: Mutex::new(wanted.net),
@@ -286,5 +328,27 @@ mod tests {
         assert_eq!(egress(None, Some(&partial)).unwrap_err().status, 400);
         let some = json!({"denyOut": ["10.0.0.0/8"]});
         assert_eq!(egress(None, Some(&some)).unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn lifecycles_read_as_the_sdk_sends_them() {
+        let read = |v: Value| lifecycle(v.as_object().unwrap());
+        let none = read(json!({})).unwrap();
+        assert_eq!((none.pause, none.auto_resume), (None, false));
+        let full = read(json!({"autoPause": true, "autoResume": {"enabled": true}})).unwrap();
+        assert_eq!(
+            (full.pause, full.auto_resume),
+            (Some(PauseKind::Memory), true)
+        );
+        let fs = read(json!({"autoPause": true, "autoPauseMemory": false})).unwrap();
+        assert_eq!(fs.pause, Some(PauseKind::Filesystem));
+        for bad in [
+            json!({"autoResume": {"enabled": true}}),
+            json!({"autoPause": true, "autoPauseMemory": false, "autoResume": {"enabled": true}}),
+            json!({"autoPause": "yes"}),
+            json!({"autoPause": true, "autoResume": true}),
+        ] {
+            assert_eq!(read(bad.clone()).unwrap_err().status, 400, "{bad}");
+        }
     }
 }

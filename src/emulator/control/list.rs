@@ -12,37 +12,49 @@ use super::reply::{listed_json, Answer};
 use crate::emulator::http::{query_unescape_strict, Request, Response};
 use crate::emulator::state::{SandboxEntry, Shared};
 use crate::errors::error_chain;
-use crate::sandbox::Metadata;
+use crate::sandbox::{Metadata, RunState};
 
 const MAX_PAGE: usize = 100;
 
+/// A sandbox as a list sees it.
+type Listed = (Arc<SandboxEntry>, RunState);
+
+/// The deprecated list: running sandboxes only, newest first.
 pub(super) fn list_v1(shared: &Shared, req: &Request) -> Answer {
     let filter = metadata_filter(req.query("metadata"))?;
     let mut entries = live_entries(shared)?;
-    entries.retain(|e| matches(e, &filter));
-    entries.sort_by(|a, b| (b.started, &b.id).cmp(&(a.started, &a.id)));
+    entries.retain(|(e, state)| *state == RunState::Running && matches(e, &filter));
+    entries.sort_by(|(a, _), (b, _)| (b.started, &b.id).cmp(&(a.started, &a.id)));
     Ok(listed(&entries))
 }
 
 pub(super) fn list_v2(shared: &Shared, req: &Request) -> Answer {
     let q = ListQuery::read(req)?;
-    let mut entries = if q.running {
+    let mut entries = if q.running || q.paused {
         live_entries(shared)?
     } else {
         Vec::new()
     };
-    entries.retain(|e| {
-        matches(e, &q.filter)
+    entries.retain(|(e, state)| {
+        let wanted = match state {
+            RunState::Running => q.running,
+            RunState::Paused => q.paused,
+        };
+        wanted
+            && matches(e, &q.filter)
             && q.started_after.is_none_or(|t| e.started >= t)
             && q.template.is_none_or(|t| e.template == t)
     });
-    let total = entries.len();
-    entries.sort_by(|a, b| (a.started, &a.id).cmp(&(b.started, &b.id)));
+    let total_running = entries
+        .iter()
+        .filter(|(_, s)| *s == RunState::Running)
+        .count();
+    entries.sort_by(|(a, _), (b, _)| (a.started, &a.id).cmp(&(b.started, &b.id)));
     if !q.ascending {
         entries.reverse();
     }
     if let Some((t, id)) = &q.cursor {
-        entries.retain(|e| {
+        entries.retain(|(e, _)| {
             let key = (e.started, &e.id);
             if q.ascending {
                 key > (*t, id)
@@ -55,10 +67,10 @@ pub(super) fn list_v2(shared: &Shared, req: &Request) -> Answer {
     entries.truncate(q.limit);
     let mut resp = listed(&entries);
     if q.running {
-        resp = resp.with_header("X-Total-Running", total.to_string());
+        resp = resp.with_header("X-Total-Running", total_running.to_string());
     }
     if more {
-        if let Some(last) = entries.last() {
+        if let Some((last, _)) = entries.last() {
             resp = resp.with_header("X-Next-Token", encode_cursor(last, q.ascending));
         }
     }
@@ -68,8 +80,9 @@ pub(super) fn list_v2(shared: &Shared, req: &Request) -> Answer {
 /// What a v2 list asks for.
 struct ListQuery<'a> {
     filter: Metadata,
-    /// Whether running sandboxes are asked for (nothing here is ever paused).
+    /// Which states are asked for.
     running: bool,
+    paused: bool,
     limit: usize,
     ascending: bool,
     started_after: Option<SystemTime>,
@@ -83,13 +96,13 @@ impl ListQuery<'_> {
         let bad = |what: String| Response::error(400, what);
         let filter = metadata_filter(req.query("metadata"))?;
         // Absent means running and paused.
-        let mut running = true;
+        let (mut running, mut paused) = (true, true);
         if let Some(states) = req.query("state").filter(|s| !s.is_empty()) {
-            running = false;
+            (running, paused) = (false, false);
             for s in states.split(',') {
                 match s.trim() {
                     "running" => running = true,
-                    "paused" => {}
+                    "paused" => paused = true,
                     other => return Err(bad(format!("invalid state {other:?}"))),
                 }
             }
@@ -122,6 +135,7 @@ impl ListQuery<'_> {
         Ok(ListQuery {
             filter,
             running,
+            paused,
             limit,
             ascending,
             started_after,
@@ -131,15 +145,15 @@ impl ListQuery<'_> {
     }
 }
 
-fn listed(entries: &[Arc<SandboxEntry>]) -> Response {
+fn listed(entries: &[Listed]) -> Response {
     Response::json(
         200,
-        &Value::Array(entries.iter().map(|e| listed_json(e)).collect()),
+        &Value::Array(entries.iter().map(|(e, s)| listed_json(e, *s)).collect()),
     )
 }
 
 /// Live sandboxes of this emulator, each with the metadata it was created with.
-fn live_entries(shared: &Shared) -> Result<Vec<Arc<SandboxEntry>>, Response> {
+fn live_entries(shared: &Shared) -> Result<Vec<Listed>, Response> {
     shared
         .live_entries()
         .map_err(|e| Response::error(500, format!("cannot list sandboxes: {}", error_chain(&e))))

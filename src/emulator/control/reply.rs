@@ -10,7 +10,7 @@ use crate::emulator::config::{CLIENT_ID, ENVD_VERSION};
 use crate::emulator::http::Response;
 use crate::emulator::state::{SandboxEntry, Shared};
 use crate::errors::error_chain;
-use crate::sandbox::{ErrorClass, SandboxError};
+use crate::sandbox::{ErrorClass, RunState, SandboxError};
 use crate::sync::lock;
 
 /// Reported in sandbox details; the local backend has no such limits, so these are E2B's
@@ -30,9 +30,32 @@ pub(super) fn not_found(id: &str) -> Response {
     )
 }
 
-/// The sandbox `id` names if it is alive, or the 404 E2B answers.
-pub(super) fn live(shared: &Shared, id: &str) -> Result<Arc<SandboxEntry>, Response> {
-    shared.live_sandbox(id).ok_or_else(|| not_found(id))
+/// The sandbox `id` names if it is alive (running or paused), or the 404 E2B answers.
+pub(super) fn live(shared: &Shared, id: &str) -> Result<(Arc<SandboxEntry>, RunState), Response> {
+    shared.lookup(id).ok_or_else(|| not_found(id))
+}
+
+/// The sandbox `id` names if it runs: E2B's calls on a running sandbox (timeout, refresh,
+/// network) find no paused one, and answer 404 for it as for a missing one.
+pub(super) fn running(shared: &Shared, id: &str) -> Result<Arc<SandboxEntry>, Response> {
+    match live(shared, id)? {
+        (e, RunState::Running) => Ok(e),
+        (_, RunState::Paused) => Err(Response::error(
+            404,
+            format!("Sandbox \"{id}\" is paused, not running; connect to it to resume it"),
+        )),
+    }
+}
+
+/// The 429 of a create or resume past the limit on running sandboxes.
+pub(super) fn at_limit(max: usize) -> Response {
+    Response::error(
+        429,
+        format!(
+            "you have reached the maximum number of concurrent E2B sandboxes ({max}). \
+             If you need more, start the emulator with a higher limit"
+        ),
+    )
 }
 
 /// The answer while the emulator shuts down.
@@ -69,7 +92,7 @@ pub(super) fn sandbox_json(e: &SandboxEntry) -> Value {
 }
 
 /// The keys `ListedSandbox` requires, plus metadata.
-pub(super) fn listed_json(e: &SandboxEntry) -> Value {
+pub(super) fn listed_json(e: &SandboxEntry, state: RunState) -> Value {
     json!({
         "templateID": e.template,
         "sandboxID": e.id,
@@ -79,7 +102,7 @@ pub(super) fn listed_json(e: &SandboxEntry) -> Value {
         "cpuCount": CPU_COUNT,
         "memoryMB": MEMORY_MB,
         "diskSizeMB": DISK_MB,
-        "state": "running",
+        "state": state.as_str(),
         "envdVersion": ENVD_VERSION,
         "metadata": e.metadata,
     })

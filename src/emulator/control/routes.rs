@@ -64,11 +64,11 @@ fn route(shared: &Shared, req: &Request) -> Answer {
             match (method, rest, v2) {
                 ("GET", [], false) => detail(shared, id),
                 ("DELETE", [], false) => kill(shared, id),
-                ("POST", ["connect"], _) => connect(shared, req, id),
+                ("POST", ["connect"], v2) => connect(shared, req, id, v2),
                 ("POST", ["timeout"], false) => set_timeout(shared, req, id),
                 ("POST", ["refreshes"], false) => refresh(shared, req, id),
-                ("POST", ["pause"], false) => pause(shared, id),
-                ("POST", ["resume"], false) => resume(shared, id),
+                ("POST", ["pause"], false) => pause(shared, req, id),
+                ("POST", ["resume"], false) => resume(shared, req, id),
                 ("PUT", ["network"], false) => network(shared, req, id),
                 _ => Err(route_not_found(req)),
             }

@@ -1,12 +1,13 @@
-//! Which sandbox an envd request is for, whether it may reach it, and which endpoint serves
-//! it.
+//! Which sandbox an envd request is for, whether it may reach it (a paused one only when
+//! the request wakes it), and which endpoint serves it.
 
 use serde_json::json;
 
 use super::call::unary;
 use super::{files, process, signing};
 use crate::emulator::http::{Request, Responder, Response};
-use crate::emulator::state::{SandboxEntry, Shared};
+use crate::emulator::state::{Asleep, SandboxEntry, Shared};
+use crate::errors::error_chain;
 
 pub(in crate::emulator) fn handle(
     shared: &Shared,
@@ -16,9 +17,29 @@ pub(in crate::emulator) fn handle(
 ) {
     // The legacy composite `<id>-<clientID>` names the same sandbox.
     let id = raw_id.split('-').next().unwrap_or(raw_id);
-    let Some(entry) = shared.live_sandbox(id) else {
-        let _ = out.send(sandbox_gone(raw_id));
-        return;
+    // A paused sandbox is gone to envd's callers, as behind E2B's proxy, unless traffic
+    // wakes it.
+    let entry = match shared.awake_sandbox(id) {
+        Ok(entry) => entry,
+        Err(Asleep::NotWoken) => {
+            let _ = out.send(sandbox_gone(raw_id));
+            return;
+        }
+        Err(Asleep::AtLimit) => {
+            let max = shared.config.max_sandboxes;
+            let _ = out.send(Response::error(
+                429,
+                format!("resuming the sandbox would pass the team sandbox limit ({max})"),
+            ));
+            return;
+        }
+        Err(Asleep::Failed(e)) => {
+            let _ = out.send(Response::error(
+                500,
+                format!("cannot resume the sandbox: {}", error_chain(&e)),
+            ));
+            return;
+        }
     };
     if req.method == "GET" && req.path == "/health" {
         let _ = out.send(Response::empty(204).with_header("Cache-Control", "no-store"));
