@@ -68,6 +68,14 @@ pub enum SandboxError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// A create that failed in a way that may have made a sandbox all the same (its answer
+    /// was lost to a timeout, a cut connection, or a 5xx that can follow the work). Such a
+    /// sandbox carries the create's metadata, so it is found by its lease tag.
+    #[error("the create may have made a sandbox that no answer named")]
+    CreateUnconfirmed {
+        #[source]
+        source: Box<SandboxError>,
+    },
 }
 
 impl SandboxError {
@@ -78,6 +86,7 @@ impl SandboxError {
             SandboxError::BadPath { .. } | SandboxError::NotFound { .. } => ErrorClass::BadRequest,
             SandboxError::Unsupported(_) => ErrorClass::Unsupported,
             SandboxError::Remote { class, .. } => *class,
+            SandboxError::CreateUnconfirmed { source } => source.class(),
         }
     }
 
@@ -107,7 +116,9 @@ pub enum Role {
 /// Options for a foreground command.
 #[derive(Debug, Clone)]
 pub struct RunOpts {
-    /// Working directory (absolute); `None` means `home()`.
+    /// Working directory (absolute); `None` leaves it to the backend: the local backend
+    /// starts in `home()`, E2B where the template says for the user (envd's default). A
+    /// command that names paths relative to home must say `home()`.
     pub cwd: Option<String>,
     pub role: Role,
     pub envs: Vec<(String, String)>,
@@ -204,6 +215,7 @@ pub struct Output {
 /// Options for a background process.
 #[derive(Debug, Clone, Default)]
 pub struct SpawnOpts {
+    /// As [`RunOpts::cwd`].
     pub cwd: Option<String>,
     pub role: Role,
     pub envs: Vec<(String, String)>,
@@ -297,7 +309,16 @@ pub trait Backend: Send + Sync {
     fn connect(&self, id: &str) -> Result<Arc<dyn Sandbox>>;
     /// Live sandboxes whose metadata holds every pair of `filter`.
     fn list(&self, filter: &Metadata) -> Result<Vec<SandboxSummary>>;
+    /// Kills a sandbox, repeating as far as repeating can help (each backend knows how far);
+    /// callers do not repeat it. An error means the kill is not proven.
     fn kill(&self, id: &str) -> Result<Killed>;
+    /// Accounts for this process's creates whose outcome is unknown
+    /// ([`SandboxError::CreateUnconfirmed`]): finds what they made, kills it and closes
+    /// their books, waiting a bounded while for sandboxes that appear late. Called once no
+    /// create is in flight; an error names what could not be accounted for.
+    fn settle_creates(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Refuses an id the backend could never have made (`well_formed` says whether `id` is one),

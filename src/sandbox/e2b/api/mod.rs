@@ -1,12 +1,15 @@
 //! The control-plane client: create, connect, info, list, kill, timeout and network, over
 //! REST with `X-API-Key`. Every status is classified in `error::api_class`; every call is
-//! retried on the server's hints (`error::retry_hint`) with one bounded schedule.
+//! retried on the server's hints (`error::api_retry_hint`) on the one bounded schedule
+//! (`RetryPolicy::run`), each attempt bounded by the control-plane limit. A create whose
+//! failure may have made a sandbox says so (`SandboxError::CreateUnconfirmed`).
 
-use std::collections::{BTreeMap, HashSet};
+mod wire;
+
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use serde::Deserialize;
 use serde_json::{json, Value};
 use ureq::http::Response;
 use ureq::typestate::{WithBody, WithoutBody};
@@ -14,12 +17,14 @@ use ureq::{Agent, Body, RequestBuilder};
 
 use super::config::E2bConfig;
 use super::error::{
-    api_call_failure, api_failure, call_failure, retry_hint, ApiOp, ApiStatus, Limits, RetryHint,
+    api_call_failure, api_failure, api_retry_hint, call_failure, is_api_error_body, ApiOp,
+    ApiStatus, Limits, RetryHint,
 };
 use super::gate::Clock;
-use super::retry::{is_idempotency_key, Retries, RetryPolicy};
-use crate::backoff::Backoff;
+use super::retry::{is_idempotency_key, Attempt, Retries, RetryPolicy};
 use crate::sandbox::{ErrorClass, Killed, Metadata, Result, SandboxError, SandboxSummary};
+pub use wire::{is_sandbox_id, NewSandbox, SandboxAccess, SandboxDetail};
+use wire::{metadata_query, Listed};
 
 /// Largest control-plane answer we read; a page of 100 sandboxes is far smaller.
 const MAX_BODY: u64 = 8 << 20;
@@ -34,95 +39,6 @@ const PAGE_LIMIT: &str = "100";
 /// `B` says whether the request carries a body.
 type Method<B> = fn(&Agent, String) -> RequestBuilder<B>;
 
-/// What a create asks for.
-#[derive(Debug, Clone)]
-pub struct NewSandbox {
-    pub template: String,
-    pub timeout_secs: u64,
-    pub metadata: Metadata,
-    pub env_vars: BTreeMap<String, String>,
-    pub internet: bool,
-    /// Sent as `Idempotency-Key`, so that a create repeated after a lost or failed answer
-    /// gets the sandbox the first one made instead of a second. Only a key of the documented
-    /// form (1-255 of `[a-z0-9-]`) is sent.
-    pub idempotency_key: Option<String>,
-}
-
-/// The parts of a create/connect answer a sandbox handle needs.
-#[derive(Debug, Clone, Deserialize)]
-pub struct SandboxAccess {
-    #[serde(rename = "sandboxID")]
-    pub sandbox_id: String,
-    #[serde(rename = "templateID")]
-    pub template_id: Option<String>,
-    #[serde(rename = "envdAccessToken")]
-    pub envd_access_token: Option<String>,
-    /// The base domain of the sandbox's host, when it differs from ours.
-    pub domain: Option<String>,
-    #[serde(rename = "envdVersion")]
-    pub envd_version: Option<String>,
-}
-
-/// A sandbox as `GET /sandboxes/{id}` describes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SandboxDetail {
-    pub id: String,
-    pub template_id: Option<String>,
-    pub alias: Option<String>,
-    pub metadata: Metadata,
-    /// Unix seconds; 0 when the answer had no parsable time.
-    pub started: u64,
-    /// Unix seconds; 0 when the answer had no parsable time.
-    pub end: u64,
-    /// `running` or `paused`.
-    pub state: String,
-    pub envd_version: Option<String>,
-}
-
-/// One entry of a list or info answer; every field but the id is optional to us.
-#[derive(Debug, Deserialize)]
-struct Listed {
-    #[serde(rename = "sandboxID")]
-    sandbox_id: String,
-    #[serde(rename = "templateID")]
-    template_id: Option<String>,
-    alias: Option<String>,
-    metadata: Option<Metadata>,
-    #[serde(rename = "startedAt")]
-    started_at: Option<String>,
-    #[serde(rename = "endAt")]
-    end_at: Option<String>,
-    state: Option<String>,
-    #[serde(rename = "envdVersion")]
-    envd_version: Option<String>,
-}
-
-impl Listed {
-    fn into_summary(self) -> SandboxSummary {
-        SandboxSummary {
-            id: self.sandbox_id,
-            // The alias is the name a create asked for ("base"); the id is internal.
-            template: self.alias.or(self.template_id),
-            metadata: self.metadata.unwrap_or_default(),
-            created: self.started_at.as_deref().and_then(unix_secs).unwrap_or(0),
-            deadline: self.end_at.as_deref().and_then(unix_secs).unwrap_or(0),
-        }
-    }
-
-    fn into_detail(self) -> SandboxDetail {
-        SandboxDetail {
-            id: self.sandbox_id,
-            template_id: self.template_id,
-            alias: self.alias,
-            metadata: self.metadata.unwrap_or_default(),
-            started: self.started_at.as_deref().and_then(unix_secs).unwrap_or(0),
-            end: self.end_at.as_deref().and_then(unix_secs).unwrap_or(0),
-            state: self.state.unwrap_or_default(),
-            envd_version: self.envd_version,
-        }
-    }
-}
-
 /// The control plane of one E2B account.
 pub struct Api {
     agent: Agent,
@@ -130,7 +46,8 @@ pub struct Api {
     limits: Limits,
     retry: RetryPolicy,
     clock: Arc<dyn Clock>,
-    pub retries: Retries,
+    /// Shared with envd's clients, which count their repeats in it too.
+    pub retries: Arc<Retries>,
     /// Set once `/v2/sandboxes` answered 404 and `/sandboxes` worked: this server has no v2.
     v1_create: AtomicBool,
     v1_connect: AtomicBool,
@@ -143,6 +60,7 @@ impl Api {
         limits: Limits,
         retry: RetryPolicy,
         clock: Arc<dyn Clock>,
+        retries: Arc<Retries>,
     ) -> Api {
         Api {
             agent,
@@ -150,7 +68,7 @@ impl Api {
             limits,
             retry,
             clock,
-            retries: Retries::default(),
+            retries,
             v1_create: AtomicBool::new(false),
             v1_connect: AtomicBool::new(false),
         }
@@ -182,43 +100,41 @@ impl Api {
         admit: &dyn Fn() -> Result<()>,
         call: impl Fn(&Agent, &str) -> std::result::Result<Response<Body>, ureq::Error>,
     ) -> Result<Response<Body>> {
-        let r = &self.retry;
-        let mut schedule = Backoff::doubling(r.base, r.cap, r.retries);
-        loop {
-            admit()?;
-            let wait = match call(&self.agent, &self.config.api_key) {
+        let repeats = match op {
+            ApiOp::Create => &self.retries.create,
+            ApiOp::Kill => &self.retries.kill,
+            _ => &self.retries.other,
+        };
+        self.retry.run(self.clock.as_ref(), repeats, || {
+            if let Err(e) = admit() {
+                return Attempt::Final(Err(e));
+            }
+            match call(&self.agent, &self.config.api_key) {
                 Ok(resp) => {
                     let header = |name| resp.headers().get(name).and_then(|v| v.to_str().ok());
-                    let hint = retry_hint(
+                    match api_retry_hint(
+                        op,
                         resp.status().as_u16(),
                         header("should-retry"),
                         header("retry-after"),
-                    );
-                    let RetryHint::After(asked) = hint else {
-                        return Ok(resp);
-                    };
-                    let Some(backoff) = schedule.next() else {
-                        return Ok(resp);
-                    };
-                    asked.map_or(backoff, |a| a.min(r.max_retry_after))
+                    ) {
+                        RetryHint::Never => Attempt::Final(Ok(resp)),
+                        RetryHint::After(asked) => Attempt::Again(Ok(resp), asked),
+                    }
                 }
                 Err(e) => {
                     let failure = call_failure(e, &self.limits);
                     let again = replayable && failure.class == ErrorClass::Transport;
-                    match schedule.next().filter(|_| again) {
-                        Some(backoff) => backoff,
-                        None => return Err(api_call_failure(op, id, failure)),
+                    let doubt = failure.maybe_delivered;
+                    let err = in_doubt(op, doubt, api_call_failure(op, id, failure));
+                    if again {
+                        Attempt::Again(Err(err), None)
+                    } else {
+                        Attempt::Final(Err(err))
                     }
                 }
-            };
-            let counter = match op {
-                ApiOp::Create => &self.retries.create,
-                ApiOp::Kill => &self.retries.kill,
-                _ => &self.retries.other,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            self.clock.sleep(wait);
-        }
+            }
+        })
     }
 
     /// One bodiless request (`Agent::get`, `Agent::delete`) on `path`.
@@ -257,22 +173,30 @@ impl Api {
         id: Option<&str>,
         mut resp: Response<Body>,
     ) -> Result<T> {
+        // A create's success that cannot be read still made a sandbox.
         let bytes = resp
             .body_mut()
             .with_config()
             .limit(MAX_BODY)
             .read_to_vec()
-            .map_err(|e| api_call_failure(op, id, call_failure(e, &self.limits)))?;
+            .map_err(|e| {
+                in_doubt(
+                    op,
+                    true,
+                    api_call_failure(op, id, call_failure(e, &self.limits)),
+                )
+            })?;
         serde_json::from_slice(&bytes).map_err(|e| {
             let target = id.map(|id| format!(" {id}")).unwrap_or_default();
-            SandboxError::Remote {
+            let err = SandboxError::Remote {
                 class: ErrorClass::Transport,
                 message: format!(
                     "{}{target}: the answer is not the expected JSON",
                     op.describe()
                 ),
                 source: Some(Box::new(e)),
-            }
+            };
+            in_doubt(op, true, err)
         })
     }
 
@@ -306,7 +230,7 @@ impl Api {
         };
         if !self.v1_create.load(Ordering::Relaxed) {
             let resp = post("/v2/sandboxes", &body)?;
-            if resp.status().as_u16() != 404 {
+            if let Some(resp) = v2_answer(op, None, resp)? {
                 return self.created(op, None, resp);
             }
         }
@@ -325,7 +249,7 @@ impl Api {
         if !self.v1_connect.load(Ordering::Relaxed) {
             let v2 = format!("/v2/sandboxes/{id}/connect");
             let resp = self.call_json(op, Some(id), Agent::post, &v2, &body)?;
-            if resp.status().as_u16() != 404 {
+            if let Some(resp) = v2_answer(op, Some(id), resp)? {
                 return self.created(op, Some(id), resp);
             }
         }
@@ -341,7 +265,7 @@ impl Api {
         let resp = expect(op, id, resp, &[200, 201])?;
         let access: SandboxAccess = self.json(op, id, resp)?;
         if !is_sandbox_id(&access.sandbox_id) {
-            return Err(SandboxError::Remote {
+            let err = SandboxError::Remote {
                 class: ErrorClass::Transport,
                 message: format!(
                     "{}: the answer's sandboxID {:?} is not a sandbox id",
@@ -349,7 +273,8 @@ impl Api {
                     access.sandbox_id
                 ),
                 source: None,
-            });
+            };
+            return Err(in_doubt(op, true, err));
         }
         Ok(access)
     }
@@ -444,15 +369,6 @@ impl Api {
     }
 }
 
-/// Sandbox ids go into URL paths and host names, so only id characters are let through.
-pub fn is_sandbox_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
 fn looping(op: ApiOp) -> SandboxError {
     SandboxError::Remote {
         class: ErrorClass::Transport,
@@ -483,102 +399,55 @@ fn expect_2xx(op: ApiOp, id: &str, resp: Response<Body>) -> Result<()> {
 /// The error an unexpected status stands for; the body is read (bounded) for its message.
 fn status_failure(op: ApiOp, id: Option<&str>, mut resp: Response<Body>) -> SandboxError {
     let status = resp.status().as_u16();
-    let body = resp
-        .body_mut()
+    let body = error_body(&mut resp);
+    failure_of(
+        op,
+        id,
+        ApiStatus::parse(status, &body),
+        resp.status().is_success(),
+    )
+}
+
+/// The error a status answer stands for; for a create, one that says it may have made its
+/// sandbox (a success of another kind, or a 5xx that can follow the work) stays in doubt.
+fn failure_of(op: ApiOp, id: Option<&str>, status: ApiStatus, success: bool) -> SandboxError {
+    let doubt = success || status.create_may_have_landed();
+    in_doubt(op, doubt, api_failure(op, id, status))
+}
+
+fn error_body(resp: &mut Response<Body>) -> Vec<u8> {
+    resp.body_mut()
         .with_config()
         .limit(MAX_ERROR_BODY)
         .read_to_vec()
-        .unwrap_or_default();
-    api_failure(op, id, ApiStatus::parse(status, &body))
+        .unwrap_or_default()
 }
 
-/// The `metadata` list filter: `k1=v1&k2=v2` with each key and value percent-encoded twice,
-/// because the API unescapes the whole value once more before splitting it and then unescapes
-/// each part (the query layer's own encoding is added by ureq).
-pub fn metadata_query(filter: &Metadata) -> String {
-    filter
-        .iter()
-        .map(|(k, v)| format!("{}={}", pct(&pct(k)), pct(&pct(v))))
-        .collect::<Vec<_>>()
-        .join("&")
+/// A v2 answer, or `None` when the server has no such v2 endpoint. Only a 404 that is not
+/// the API's own JSON error means that: the API's 404 (a missing sandbox or template) is
+/// its answer, and v1's would only hide it.
+fn v2_answer(
+    op: ApiOp,
+    id: Option<&str>,
+    mut resp: Response<Body>,
+) -> Result<Option<Response<Body>>> {
+    if resp.status().as_u16() != 404 {
+        return Ok(Some(resp));
+    }
+    let body = error_body(&mut resp);
+    if is_api_error_body(&body) {
+        return Err(failure_of(op, id, ApiStatus::parse(404, &body), false));
+    }
+    Ok(None)
 }
 
-/// Percent-encodes everything but RFC 3986 unreserved characters.
-fn pct(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
+/// For a create whose failure may have made a sandbox (`doubt`), the error that says so.
+fn in_doubt(op: ApiOp, doubt: bool, err: SandboxError) -> SandboxError {
+    if op == ApiOp::Create && doubt {
+        SandboxError::CreateUnconfirmed {
+            source: Box::new(err),
         }
-    }
-    out
-}
-
-/// Parses an RFC 3339 time (`2026-08-21T20:00:22.123Z`, `...+02:00`) to Unix seconds.
-pub fn unix_secs(s: &str) -> Option<u64> {
-    crate::civil::parse_rfc3339(s)?
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .map(|d| d.as_secs())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339_times_become_unix_seconds() {
-        assert_eq!(unix_secs("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(unix_secs("2000-03-01T00:00:00Z"), Some(951_868_800));
-        assert_eq!(unix_secs("2024-02-29T12:34:56Z"), Some(1_709_210_096));
-        assert_eq!(
-            unix_secs("2026-08-21T20:00:22.123456789Z"),
-            Some(1_787_342_422)
-        );
-        assert_eq!(unix_secs("2026-08-21T22:00:22+02:00"), Some(1_787_342_422));
-        assert_eq!(
-            unix_secs("2026-08-21T19:30:22.5-00:30"),
-            Some(1_787_342_422)
-        );
-        for bad in [
-            "",
-            "2026-08-21",
-            "2026-08-21T20:00:22",
-            "2026-13-01T00:00:00Z",
-            "2026-08-21T20:00:22+0200",
-            "1969-12-31T23:59:59Z",
-            "20x6-08-21T20:00:22Z",
-        ] {
-            assert_eq!(unix_secs(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn metadata_filters_encode_each_part_twice() {
-        let mut m = Metadata::new();
-        m.insert("wmo-e2b.run".into(), "r1".into());
-        m.insert("pool".into(), "eval".into());
-        assert_eq!(metadata_query(&m), "pool=eval&wmo-e2b.run=r1");
-        let mut m = Metadata::new();
-        m.insert("a b".into(), "x=y&z".into());
-        assert_eq!(metadata_query(&m), "a%2520b=x%253Dy%2526z");
-        assert_eq!(metadata_query(&Metadata::new()), "");
-    }
-
-    #[test]
-    fn listed_entries_prefer_the_alias_and_default_the_rest() {
-        let listed: Listed = serde_json::from_str(
-            r#"{"sandboxID":"isb","templateID":"tpl123","alias":"base","metadata":null,
-                "startedAt":"1970-01-01T00:01:00Z","endAt":"bogus","state":"running",
-                "clientID":"6532622b","cpuCount":2}"#,
-        )
-        .unwrap();
-        let s = listed.into_summary();
-        assert_eq!(s.id, "isb");
-        assert_eq!(s.template.as_deref(), Some("base"));
-        assert!(s.metadata.is_empty());
-        assert_eq!((s.created, s.deadline), (60, 0));
+    } else {
+        err
     }
 }
