@@ -113,6 +113,38 @@ fn capacity_retries_stop_after_four_attempts() {
 }
 
 #[test]
+fn a_create_that_may_have_made_its_sandbox_says_so_whatever_its_last_attempt_got() {
+    // The first attempt's 502 may have followed the work (as E2B's gateway can); the repeats
+    // are rate-limited. The create failed, but not cleanly: its sandbox may exist.
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&attempts);
+    let server = Server::start(move |_| match seen.fetch_add(1, Ordering::SeqCst) {
+        0 => Reply::json(502, json!({"code": 502, "message": "bad gateway"})),
+        _ => Reply::json(429, json!({"code": 429, "message": "Rate limit exceeded"})),
+    });
+    let b = backend(&server, options());
+    let mut keyed = spec();
+    keyed
+        .metadata
+        .insert("wmo-e2b.lease".into(), "ls-0123456789abcdef01234567".into());
+    let err = b.create_e2b(&keyed).err().unwrap();
+    assert!(
+        matches!(err, SandboxError::CreateUnconfirmed { .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), ErrorClass::Capacity, "the last answer's class");
+    assert_eq!(attempts.load(Ordering::SeqCst), 4);
+
+    // Refusals alone leave no doubt.
+    let server = Server::start(|_| Reply::json(429, json!({"code": 429, "message": "slow"})));
+    let err = backend(&server, options())
+        .create_e2b(&keyed)
+        .err()
+        .unwrap();
+    assert!(matches!(err, SandboxError::Remote { .. }), "{err:?}");
+}
+
+#[test]
 fn other_create_errors_fail_at_once() {
     for (status, class) in [(400, ErrorClass::BadRequest), (401, ErrorClass::Auth)] {
         let server =

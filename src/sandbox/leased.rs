@@ -131,7 +131,11 @@ impl LeasedBackend {
             }
             None => {}
         }
-        let why = format!("create failed, its outcome unknown: {cause}");
+        let why = if unconfirmed {
+            format!("create failed, its outcome unknown: {cause}")
+        } else {
+            format!("create failed, and what it left could not be looked for: {cause}")
+        };
         let _ = ledger.transition(lease, LeaseState::Creating, Some(why));
     }
 }

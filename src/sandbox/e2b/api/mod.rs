@@ -6,6 +6,7 @@
 
 mod wire;
 
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -86,18 +87,21 @@ impl Api {
         id: Option<&str>,
         call: impl Fn(&Agent, &str) -> std::result::Result<Response<Body>, ureq::Error>,
     ) -> Result<Response<Body>> {
-        self.send_with(op, id, true, &|| Ok(()), call)
+        self.send_with(op, id, true, &|| Ok(()), &Cell::new(false), call)
     }
 
-    /// As [`Api::send`], with `admit` run before every attempt (a create's rate gate), and
+    /// As [`Api::send`], with `admit` run before every attempt (a create's rate gate),
     /// `replayable` saying whether a request whose answer was lost may be sent again (a
-    /// create without an idempotency key may have made a sandbox).
+    /// create without an idempotency key may have made a sandbox), and `doubt` set once an
+    /// attempt may have done its work without saying so (no answer after the request went
+    /// out, or a status that can follow the work).
     fn send_with(
         &self,
         op: ApiOp,
         id: Option<&str>,
         replayable: bool,
         admit: &dyn Fn() -> Result<()>,
+        doubt: &Cell<bool>,
         call: impl Fn(&Agent, &str) -> std::result::Result<Response<Body>, ureq::Error>,
     ) -> Result<Response<Body>> {
         let repeats = match op {
@@ -111,6 +115,9 @@ impl Api {
             }
             match call(&self.agent, &self.config.api_key) {
                 Ok(resp) => {
+                    if matches!(resp.status().as_u16(), 409 | 500 | 502 | 504) {
+                        doubt.set(true);
+                    }
                     let header = |name| resp.headers().get(name).and_then(|v| v.to_str().ok());
                     match api_retry_hint(
                         op,
@@ -125,8 +132,10 @@ impl Api {
                 Err(e) => {
                     let failure = call_failure(e, &self.limits);
                     let again = replayable && failure.class == ErrorClass::Transport;
-                    let doubt = failure.maybe_delivered;
-                    let err = in_doubt(op, doubt, api_call_failure(op, id, failure));
+                    if failure.maybe_delivered {
+                        doubt.set(true);
+                    }
+                    let err = in_doubt(op, doubt.get(), api_call_failure(op, id, failure));
                     if again {
                         Attempt::Again(Err(err), None)
                     } else {
@@ -201,11 +210,23 @@ impl Api {
     }
 
     /// Creates a sandbox: `POST /v2/sandboxes`, or `POST /sandboxes` on servers without v2.
-    /// `admit` runs before every attempt, retries included: each is a create E2B counts.
+    /// `admit` runs before every attempt, retries included: each is a create E2B counts. Once
+    /// any attempt may have made a sandbox, a failure says so, whatever the last attempt got.
     pub fn create(
         &self,
         new: &NewSandbox,
         admit: &dyn Fn() -> Result<()>,
+    ) -> Result<SandboxAccess> {
+        let doubt = Cell::new(false);
+        self.create_doubting(new, admit, &doubt)
+            .map_err(|e| in_doubt(ApiOp::Create, doubt.get(), e))
+    }
+
+    fn create_doubting(
+        &self,
+        new: &NewSandbox,
+        admit: &dyn Fn() -> Result<()>,
+        doubt: &Cell<bool>,
     ) -> Result<SandboxAccess> {
         let op = ApiOp::Create;
         let mut body = json!({
@@ -220,7 +241,7 @@ impl Api {
             .as_deref()
             .filter(|k| is_idempotency_key(k));
         let post = |path: &str, body: &Value| {
-            self.send_with(op, None, key.is_some(), admit, |a, api_key| {
+            self.send_with(op, None, key.is_some(), admit, doubt, |a, api_key| {
                 let mut req = a.post(self.url(path)).header("X-API-Key", api_key);
                 if let Some(k) = key {
                     req = req.header("Idempotency-Key", k);
@@ -443,7 +464,8 @@ fn v2_answer(
 
 /// For a create whose failure may have made a sandbox (`doubt`), the error that says so.
 fn in_doubt(op: ApiOp, doubt: bool, err: SandboxError) -> SandboxError {
-    if op == ApiOp::Create && doubt {
+    let said = matches!(err, SandboxError::CreateUnconfirmed { .. });
+    if op == ApiOp::Create && doubt && !said {
         SandboxError::CreateUnconfirmed {
             source: Box::new(err),
         }
