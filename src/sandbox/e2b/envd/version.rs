@@ -1,5 +1,5 @@
 //! envd versions: the oldest this client drives, and what newer ones change (as the SDK's
-//! `envd/versions.py` gates them; e2b-wire.md §7.3).
+//! `envd/versions.py` gates them; `../shared/docs/e2b-wire.md` §7.3).
 
 use std::fmt;
 
