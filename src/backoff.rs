@@ -1,5 +1,6 @@
-//! The one retry schedule: the waits between the attempts of one operation, and the loop
-//! that runs them.
+//! The one retry schedule: the waits between the attempts of one operation. The loops that
+//! run it live with their calls (E2B's in `sandbox::e2b::retry`, the model APIs' in
+//! `provider::http`), each repeating on what its own answers say.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -87,35 +88,9 @@ fn jitter_factor() -> f64 {
     1.0 - 0.5 * unit
 }
 
-/// Runs `attempt` until it succeeds, fails with an error `retryable` refuses, or the schedule
-/// runs out; the last error is returned. `on_retry` hears of each retry before its wait.
-pub fn with_retries<T, E>(
-    mut schedule: Backoff,
-    sleep: &dyn Fn(Duration),
-    mut attempt: impl FnMut() -> Result<T, E>,
-    retryable: impl Fn(&E) -> bool,
-    mut on_retry: impl FnMut(&E, Duration),
-) -> Result<T, E> {
-    loop {
-        let err = match attempt() {
-            Ok(v) => return Ok(v),
-            Err(e) => e,
-        };
-        if !retryable(&err) {
-            return Err(err);
-        }
-        let Some(delay) = schedule.next() else {
-            return Err(err);
-        };
-        on_retry(&err, delay);
-        sleep(delay);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::RefCell;
 
     const DELAYS: [Duration; 3] = [
         Duration::from_secs(1),
@@ -166,63 +141,5 @@ mod tests {
             let j = jitter_factor();
             assert!(j > 0.5 && j <= 1.0, "{j}");
         }
-    }
-
-    #[test]
-    fn retryable_errors_use_every_attempt_and_sleep_between() {
-        let slept = RefCell::new(Vec::new());
-        let mut calls = 0;
-        let mut retries = 0;
-        let out: Result<(), u32> = with_retries(
-            Backoff::fixed(&DELAYS),
-            &|d| slept.borrow_mut().push(d),
-            || {
-                calls += 1;
-                Err(calls)
-            },
-            |_| true,
-            |_, _| retries += 1,
-        );
-        assert_eq!(out, Err(4), "the last error is returned");
-        assert_eq!(calls, 4);
-        assert_eq!(retries, 3);
-        assert_eq!(*slept.borrow(), DELAYS);
-    }
-
-    #[test]
-    fn a_fatal_error_stops_at_once() {
-        let mut calls = 0;
-        let out: Result<(), &str> = with_retries(
-            Backoff::fixed(&DELAYS),
-            &|_| panic!("no sleep before a fatal error"),
-            || {
-                calls += 1;
-                Err("fatal")
-            },
-            |_| false,
-            |_, _| {},
-        );
-        assert_eq!(out, Err("fatal"));
-        assert_eq!(calls, 1);
-    }
-
-    #[test]
-    fn success_after_a_retry_is_returned() {
-        let mut calls = 0;
-        let out: Result<u32, ()> = with_retries(
-            Backoff::fixed(&DELAYS),
-            &|_| {},
-            || {
-                calls += 1;
-                if calls < 2 {
-                    Err(())
-                } else {
-                    Ok(calls)
-                }
-            },
-            |_| true,
-            |_, _| {},
-        );
-        assert_eq!(out, Ok(2));
     }
 }

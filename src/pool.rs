@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::backoff::{with_retries, Backoff};
 use crate::channel::{LeaseRenewal, StdioChannel};
 use crate::runner::{self, BootstrapOpts, RunnerError};
 use crate::sandbox::{Backend, CreateSpec, Sandbox, SandboxError};
@@ -20,8 +19,6 @@ use crate::sync::lock;
 
 /// Parallel kills at `close`.
 pub const MAX_RETIRE_WORKERS: usize = 16;
-/// Delays between kill attempts (three attempts in all).
-const KILL_RETRY_DELAYS: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(500)];
 
 /// Lease of a pooled sandbox for an episode budget of `episode`: long enough for one episode
 /// plus cleanup after its watchdog fires.
@@ -59,7 +56,7 @@ pub enum PoolError {
     Create(#[source] SandboxError),
     #[error("could not start the runner")]
     Bootstrap(#[source] RunnerError),
-    #[error("sandbox {id} could not be killed after 3 attempts")]
+    #[error("sandbox {id} could not be killed")]
     Kill {
         id: String,
         #[source]
@@ -277,7 +274,8 @@ impl Pool {
         self.retire(&sandbox)
     }
 
-    /// Kills a sandbox with retries; its lease is closed only once the kill is proven.
+    /// Kills a sandbox (the backend repeats the kill as far as that can help: one loop, not
+    /// one here on top of it); its lease is closed only once the kill is proven.
     fn retire(&self, sandbox: &Arc<dyn Sandbox>) -> Result<(), PoolError> {
         let id = sandbox.id().to_string();
         let Some(owner) = self.state().live.get(&id).map(|l| l.retiring.clone()) else {
@@ -288,14 +286,7 @@ impl Pool {
         if !self.state().live.contains_key(&id) {
             return Ok(());
         }
-        with_retries(
-            Backoff::fixed(&KILL_RETRY_DELAYS),
-            &std::thread::sleep,
-            || self.backend.kill(&id),
-            |_| true,
-            |_, _| {},
-        )
-        .map_err(|source| PoolError::Kill {
+        self.backend.kill(&id).map_err(|source| PoolError::Kill {
             id: id.clone(),
             source,
         })?;
@@ -370,6 +361,12 @@ impl Pool {
         }
     }
 
+    /// Accounts for the creates whose outcome is unknown (see [`Backend::settle_creates`]);
+    /// call after [`Pool::close`], once no create is in flight.
+    pub fn settle_creates(&self) -> Result<(), SandboxError> {
+        self.backend.settle_creates()
+    }
+
     /// Sandboxes still held (idle or in flight).
     pub fn live_count(&self) -> usize {
         self.state().live.len()
@@ -379,7 +376,11 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         // Last line of defence: a pool dropped on an error path still kills what it holds.
-        let _ = self.close();
+        // One that was closed already tried every kill once; another round would be a second
+        // retry loop on top of the backend's.
+        if !self.state().closed {
+            let _ = self.close();
+        }
     }
 }
 

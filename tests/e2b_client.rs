@@ -45,10 +45,19 @@ fn create_sends_the_sdk_body_and_headers_on_v2() {
     assert_eq!(b.live_sandboxes(), 1);
 }
 
+/// A router's answer for a path it does not serve (Go's default), unlike the API's own JSON.
+fn no_route() -> Reply {
+    Reply {
+        status: 404,
+        headers: vec![("Content-Type".into(), "text/plain; charset=utf-8".into())],
+        body: Body::Full(b"404 page not found".to_vec()),
+    }
+}
+
 #[test]
 fn create_falls_back_to_v1_once_v2_is_missing() {
     let server = Server::start(|req| match (req.method.as_str(), req.path.as_str()) {
-        ("POST", "/v2/sandboxes") => Reply::json(404, json!({"code": 404, "message": "no route"})),
+        ("POST", "/v2/sandboxes") => no_route(),
         ("POST", "/sandboxes") => Reply::json(201, created("isb2")),
         _ => Reply::empty(500),
     });
@@ -101,6 +110,38 @@ fn capacity_retries_stop_after_four_attempts() {
     assert_eq!(server.count("POST", "/v2/sandboxes"), 4);
     assert_eq!(b.counters().create_retries, 3);
     assert_eq!(b.live_sandboxes(), 0, "a failed create gives its slot back");
+}
+
+#[test]
+fn a_create_that_may_have_made_its_sandbox_says_so_whatever_its_last_attempt_got() {
+    // The first attempt's 502 may have followed the work (as E2B's gateway can); the repeats
+    // are rate-limited. The create failed, but not cleanly: its sandbox may exist.
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&attempts);
+    let server = Server::start(move |_| match seen.fetch_add(1, Ordering::SeqCst) {
+        0 => Reply::json(502, json!({"code": 502, "message": "bad gateway"})),
+        _ => Reply::json(429, json!({"code": 429, "message": "Rate limit exceeded"})),
+    });
+    let b = backend(&server, options());
+    let mut keyed = spec();
+    keyed
+        .metadata
+        .insert("wmo-e2b.lease".into(), "ls-0123456789abcdef01234567".into());
+    let err = b.create_e2b(&keyed).err().unwrap();
+    assert!(
+        matches!(err, SandboxError::CreateUnconfirmed { .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), ErrorClass::Capacity, "the last answer's class");
+    assert_eq!(attempts.load(Ordering::SeqCst), 4);
+
+    // Refusals alone leave no doubt.
+    let server = Server::start(|_| Reply::json(429, json!({"code": 429, "message": "slow"})));
+    let err = backend(&server, options())
+        .create_e2b(&keyed)
+        .err()
+        .unwrap();
+    assert!(matches!(err, SandboxError::Remote { .. }), "{err:?}");
 }
 
 #[test]
@@ -204,10 +245,11 @@ fn kill_reports_gone_and_retries_transient_errors() {
     assert_eq!(b.kill("flaky1").unwrap(), Killed::Now);
     assert_eq!(b.counters().kill_retries, 2);
 
-    // A 500 carries no hint that a repeat could help: one attempt.
+    // A kill is idempotent and an unproven one leaves a sandbox running: its 500 is
+    // repeated too, on the same bounded schedule (four attempts), and no more.
     let err = b.kill("broken1").unwrap_err();
     assert_eq!(err.class(), ErrorClass::Transport);
-    assert_eq!(server.count("DELETE", "/sandboxes/broken1"), 1);
+    assert_eq!(server.count("DELETE", "/sandboxes/broken1"), 4);
     let err = b.kill("denied1").unwrap_err();
     assert_eq!(err.class(), ErrorClass::Auth);
     assert_eq!(server.count("DELETE", "/sandboxes/denied1"), 1);
@@ -265,6 +307,7 @@ fn connect_falls_back_to_v1_and_404_means_gone() {
             assert_eq!(req.json()["timeout"], 300);
             Reply::json(200, created("live1"))
         }
+        (_, path) if path.starts_with("/v2/") => no_route(),
         _ => Reply::json(404, json!({"code": 404, "message": "not found"})),
     });
     let b = backend(&server, options());
@@ -275,6 +318,40 @@ fn connect_falls_back_to_v1_and_404_means_gone() {
         matches!(err, SandboxError::Gone { ref id } if id == "dead1"),
         "{err:?}"
     );
+}
+
+#[test]
+fn a_missing_sandbox_on_v2_is_v2s_answer_not_a_reason_to_try_v1() {
+    let server = Server::start(|req| match (req.method.as_str(), req.path.as_str()) {
+        ("POST", "/v2/sandboxes/dead1/connect") => Reply::json(
+            404,
+            json!({"code": 404, "message": "Sandbox \"dead1\" doesn't exist or you don't have access to it"}),
+        ),
+        ("POST", "/v2/sandboxes") => Reply::json(
+            404,
+            json!({"code": 404, "message": "template 'nope' not found"}),
+        ),
+        ("POST", "/v2/sandboxes/live1/connect") => Reply::json(200, created("live1")),
+        _ => Reply::json(500, json!({"code": 500, "message": "v1 must not be asked"})),
+    });
+    let b = backend(&server, options());
+    let err = b.connect("dead1").err().unwrap();
+    assert!(
+        matches!(err, SandboxError::Gone { ref id } if id == "dead1"),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), ErrorClass::Gone);
+    assert_eq!(server.count("POST", "/sandboxes/dead1/connect"), 0);
+    // v2 is still the way: the next connect does not go to v1 either.
+    assert_eq!(b.connect("live1").unwrap().id(), "live1");
+    assert_eq!(server.count("POST", "/sandboxes/live1/connect"), 0);
+
+    // A create's v2 404 (an unknown template) is the answer too.
+    let err = b.create_e2b(&spec()).err().unwrap();
+    assert_eq!(err.class(), ErrorClass::BadRequest, "{err}");
+    let status = source_of::<ApiStatus>(&err).expect("v2's answer is the source");
+    assert!(status.message.contains("template 'nope'"), "{status}");
+    assert_eq!(server.count("POST", "/sandboxes"), 0);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use wmo_e2b::sandbox::e2b::error::RpcStatus;
-use wmo_e2b::sandbox::e2b::{E2bBackend, E2bConfig, E2bOptions, HOME};
+use wmo_e2b::sandbox::e2b::{E2bBackend, E2bConfig, E2bOptions};
 use wmo_e2b::sandbox::{ErrorClass, ProcessEvent, RunOpts, Sandbox, SandboxError, SpawnOpts};
 
 mod fake_e2b;
@@ -56,10 +56,12 @@ fn run_reads_a_stream_cut_at_awkward_places() {
     assert_eq!(req.header("e2b-sandbox-port"), Some("49983"));
     assert_eq!(req.header("x-access-token"), Some("token-isb1"));
     assert!(req.header("user-agent").unwrap().starts_with("wmo-e2b/"));
+    // No `cwd` unless the caller names one, as the SDK sends it: envd then starts where
+    // the template says for the user.
     assert_eq!(
         req.envelope_json(),
         json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo hi"],
-                           "cwd": HOME, "envs": {"X": "2"}},
+                           "envs": {"X": "2"}},
                "stdin": false})
     );
 }

@@ -48,6 +48,9 @@ pub struct EvalArgs {
     /// Live sandboxes at once at most (e2b: match your plan, e.g. 20 or 100).
     #[arg(long, default_value_t = 20)]
     max_sandboxes: usize,
+    /// Time limit of each attempt of an E2B control-plane call, creates included (e2b).
+    #[arg(long, default_value = "60s", value_parser = super::bounds::duration)]
+    e2b_api_timeout: Duration,
     /// `scripted` replays each task's model_script; anything else is a model name sent to an
     /// OpenAI-compatible chat-completions API.
     #[arg(long, default_value = "scripted")]
@@ -271,6 +274,7 @@ fn e2b_options(args: &EvalArgs) -> wmo_e2b::sandbox::e2b::E2bOptions {
     let mut o = wmo_e2b::sandbox::e2b::E2bOptions {
         create_rate: args.create_rate,
         max_sandboxes: args.max_sandboxes,
+        api_timeout: args.e2b_api_timeout,
         ..Default::default()
     };
     if let Some(t) = &args.template {

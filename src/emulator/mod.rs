@@ -9,7 +9,8 @@
 //! - `state`: the sandbox table and everything the request threads share.
 //! - `hub` (the thread that follows one envd process), `config` (what an emulator is
 //!   started with), `http` (the HTTP/1.1 server), `connect` (the Connect protocol), `paths`
-//!   (E2B paths onto local ones), `faults` (fault injection).
+//!   (E2B paths onto local ones), `faults` (fault injection), `keys` (one sandbox per
+//!   `Idempotency-Key`).
 
 mod config;
 mod connect;
@@ -18,6 +19,7 @@ mod envd;
 mod faults;
 mod http;
 mod hub;
+mod keys;
 mod paths;
 mod server;
 mod state;

@@ -13,6 +13,7 @@ use super::config::EmulatorConfig;
 use super::faults::{FaultCounts, Faults};
 use super::http::Server;
 use super::hub::ProcHub;
+use super::keys::Keys;
 use crate::sandbox::local::{LocalBackend, LocalSandbox, Resume, Resumed};
 use crate::sandbox::{Backend, Metadata, PauseKind, RunState, Sandbox, SandboxError};
 use crate::sync::lock;
@@ -87,8 +88,6 @@ pub(super) struct Table {
     pub pending: usize,
     /// Set by `stop`: a create finishing afterwards kills its sandbox itself.
     pub closed: bool,
-    /// `Idempotency-Key` → the id of the sandbox the create with that key made.
-    pub keys: HashMap<String, String>,
 }
 
 /// Everything the request threads share.
@@ -97,6 +96,8 @@ pub(super) struct Shared {
     pub backend: Arc<LocalBackend>,
     pub faults: Faults,
     pub table: Mutex<Table>,
+    /// Which `Idempotency-Key` made which sandbox, and whose create is running.
+    pub keys: Keys,
     pub server: Arc<Server>,
     stop_tx: Mutex<Option<Sender<()>>>,
     /// Never receives a message; it disconnects when the emulator stops, which wakes every
@@ -115,6 +116,7 @@ impl Shared {
             config,
             backend,
             table: Mutex::new(Table::default()),
+            keys: Keys::default(),
             server: Server::new(),
             stop_tx: Mutex::new(Some(stop_tx)),
             stop_rx,

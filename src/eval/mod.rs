@@ -295,8 +295,16 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     });
     let mut summary = into_inner(summary);
     summary.stopped_by = budget.stopped_by();
-    if let Err(e) = run.pool.close() {
-        summary.cleanup_error = Some(error_chain(&e));
+    let closed = run.pool.close().map_err(|e| error_chain(&e));
+    // A create whose answer was lost may have made a sandbox all the same: found by its
+    // lease tag and killed before the run ends, not left to `reap`.
+    let settled = run.pool.settle_creates().map_err(|e| error_chain(&e));
+    let cleanup: Vec<String> = [closed, settled]
+        .into_iter()
+        .filter_map(Result::err)
+        .collect();
+    if !cleanup.is_empty() {
+        summary.cleanup_error = Some(cleanup.join("; "));
     }
     // Reported in the summary, not instead of it: what was written stays, and says so.
     if let Err(e) = writer.sync() {

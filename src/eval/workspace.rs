@@ -52,6 +52,8 @@ pub(super) fn prepare_workspace(
         .as_deref()
         .map(|s| format!("cd {rel} && {{\n{s}\n}}"));
     let opts = RunOpts {
+        // The commands name the workspace relative to home.
+        cwd: Some(sandbox.home().to_string()),
         timeout: wall,
         max_output: SETUP_TAIL,
         ..RunOpts::default()

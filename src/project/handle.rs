@@ -263,6 +263,9 @@ impl Project {
             .run(
                 &format!("mkdir -p {WORKSPACE_DIR}"),
                 &RunOpts {
+                    // The workspace is named relative to home, whatever the template's own
+                    // working directory.
+                    cwd: Some(self.sandbox.home().to_string()),
                     timeout: Duration::from_secs(30),
                     max_output: 4096,
                     ..RunOpts::default()
@@ -401,6 +404,7 @@ impl Project {
             .run(
                 &script,
                 &RunOpts {
+                    cwd: Some(self.sandbox.home().to_string()),
                     timeout: timeout + EXEC_KILL_AFTER + Duration::from_secs(20),
                     max_output: MAX_EXEC_OUTPUT,
                     ..RunOpts::default()

@@ -168,6 +168,7 @@ impl Project {
             .run(
                 &cmd,
                 &RunOpts {
+                    cwd: Some(self.sandbox().home().to_string()),
                     timeout: Duration::from_secs(120),
                     max_output: room * 2,
                     ..RunOpts::default()

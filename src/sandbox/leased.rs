@@ -3,10 +3,12 @@
 //! Jobs (eval's pool, projects) create sandboxes only through this, so no code path can
 //! create one the ledger does not know about: the lease is written `creating` before the
 //! create call, tagged onto the sandbox, moved to `active` once the id is known, and
-//! `retired` only after a proven kill.
+//! `retired` only after a proven kill. A create whose outcome is unknown leaves its lease
+//! `creating` until [`Backend::settle_creates`] finds (and kills) what it made.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use super::ledger::{
     unix_now, LeaseRecord, LeaseState, Ledger, LedgerError, DEADLINE_SLACK_SECS, TAG_KIND,
@@ -16,6 +18,7 @@ use super::{
     Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, PauseKind, Paused, Process,
     ProcessInfo, Result, RunOpts, Sandbox, SandboxError, SandboxSummary, SpawnOpts,
 };
+use crate::backoff::Backoff;
 use crate::sync::lock;
 
 struct Tracker {
@@ -97,29 +100,53 @@ impl LeasedBackend {
         &self.tracker.ledger
     }
 
-    /// After a failed create the sandbox may exist anyway (the answer was lost); find it by
-    /// its lease tag and kill it, and retire the lease only when nothing is left.
-    fn resolve_failed_create(&self, lease: &mut LeaseRecord, cause: &SandboxError) {
+    /// Lists the sandboxes tagged with `lease` and kills them. `Some(n)`: the list worked and
+    /// all `n` found are proven dead; `None`: the list or a kill failed.
+    fn sweep(&self, lease: &str) -> Option<usize> {
         let mut filter = Metadata::new();
-        filter.insert(TAG_LEASE.into(), lease.lease.clone());
-        let Ok(found) = self.inner.list(&filter) else {
-            return; // Unknown: the lease stays `creating` for reap to resolve.
-        };
-        let mut all_gone = true;
-        for s in found {
-            if self.inner.kill(&s.id).is_err() {
-                all_gone = false;
+        filter.insert(TAG_LEASE.into(), lease.to_string());
+        let found = self.inner.list(&filter).ok()?;
+        let mut proven = true;
+        for s in &found {
+            proven &= self.inner.kill(&s.id).is_ok();
+        }
+        proven.then_some(found.len())
+    }
+
+    /// After a failed create the sandbox may exist anyway (the answer was lost); find it by
+    /// its lease tag and kill it. The lease is retired when nothing is left, except after a
+    /// create whose outcome is unknown ([`SandboxError::CreateUnconfirmed`]) that found
+    /// nothing yet: its sandbox may still appear, so the lease stays `creating`, stamped with
+    /// the failure, for [`Backend::settle_creates`] (or `reap`) to resolve.
+    fn resolve_failed_create(&self, lease: &mut LeaseRecord, cause: &SandboxError) {
+        let unconfirmed = matches!(cause, SandboxError::CreateUnconfirmed { .. });
+        let ledger = &self.tracker.ledger;
+        let cause = crate::errors::error_chain(cause);
+        match self.sweep(&lease.lease) {
+            Some(0) if unconfirmed => {}
+            Some(_) => {
+                let why = format!("create failed: {cause}");
+                let _ = ledger.transition(lease, LeaseState::Retired, Some(why));
+                return;
             }
+            None => {}
         }
-        if all_gone {
-            let _ = self.tracker.ledger.transition(
-                lease,
-                LeaseState::Retired,
-                Some(format!("create failed: {cause}")),
-            );
-        }
+        let why = if unconfirmed {
+            format!("create failed, its outcome unknown: {cause}")
+        } else {
+            format!("create failed, and what it left could not be looked for: {cause}")
+        };
+        let _ = ledger.transition(lease, LeaseState::Creating, Some(why));
     }
 }
+
+/// How long after a create whose outcome is unknown its sandbox is still looked for: time
+/// for a placement whose answer was lost to finish. Past it, a lease whose lists found
+/// nothing is retired; a late sandbox still carries the tags `reap` finds, and its own
+/// timeout ends it.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(30);
+/// The first and the longest pause between two looks.
+const SETTLE_POLL: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(2));
 
 impl Backend for LeasedBackend {
     fn name(&self) -> &'static str {
@@ -195,6 +222,60 @@ impl Backend for LeasedBackend {
 
     fn pause(&self, id: &str, kind: PauseKind) -> Result<Paused> {
         self.inner.pause(id, kind)
+    }
+
+    /// Resolves this run's `creating` leases: each is looked for by its tag until its
+    /// sandbox turns up (killed, then retired) or [`SETTLE_WAIT`] has passed since its create
+    /// failed (retired, if every look worked). Those that could not be looked for stay
+    /// `creating` and are named in the error.
+    fn settle_creates(&self) -> Result<()> {
+        let ledger = &self.tracker.ledger;
+        let mut left = ledger.own(LeaseState::Creating);
+        let mut unresolved = Vec::new();
+        let mut pauses = Backoff::doubling(SETTLE_POLL.0, SETTLE_POLL.1, u32::MAX);
+        while !left.is_empty() {
+            let now = unix_now();
+            left.retain_mut(|lease| {
+                let waited = now >= lease.updated.saturating_add(SETTLE_WAIT.as_secs());
+                let (state, why) = match self.sweep(&lease.lease) {
+                    Some(0) if !waited => return true,
+                    Some(0) => (
+                        LeaseState::Retired,
+                        format!(
+                            "no sandbox appeared within {} s of its failed create",
+                            SETTLE_WAIT.as_secs()
+                        ),
+                    ),
+                    Some(_) => (
+                        LeaseState::Retired,
+                        "its create failed, yet it made a sandbox: killed".to_string(),
+                    ),
+                    None if !waited => return true,
+                    None => {
+                        unresolved.push(lease.lease.clone());
+                        return false;
+                    }
+                };
+                let _ = ledger.transition(lease, state, Some(why));
+                false
+            });
+            if left.is_empty() {
+                break;
+            }
+            std::thread::sleep(pauses.next().unwrap_or(SETTLE_POLL.1));
+        }
+        if unresolved.is_empty() {
+            return Ok(());
+        }
+        Err(SandboxError::Remote {
+            class: ErrorClass::Transport,
+            message: format!(
+                "{} sandbox create(s) of unknown outcome could not be looked for by their lease tag (run `wmo-e2b reap` later): {}",
+                unresolved.len(),
+                unresolved.join(", ")
+            ),
+            source: None,
+        })
     }
 }
 

@@ -257,6 +257,16 @@ impl Ledger {
     pub fn path_of(&self, lease: &str) -> PathBuf {
         self.dir.join(format!("{lease}.json"))
     }
+
+    /// This run's and this owner's leases in `state`, as their files say now.
+    pub fn own(&self, state: LeaseState) -> Vec<LeaseRecord> {
+        read_lease_dir(&self.dir)
+            .0
+            .into_iter()
+            .map(|(_, lease)| lease)
+            .filter(|l| l.state == state && l.run == self.run && l.owner == self.owner)
+            .collect()
+    }
 }
 
 /// `<state>/leases`.
@@ -266,10 +276,13 @@ pub fn leases_dir(state_dir: &Path) -> PathBuf {
 
 /// Every lease file of a state directory. Unreadable ones are returned as skipped.
 pub fn read_leases(state_dir: &Path) -> (Vec<(PathBuf, LeaseRecord)>, Vec<SkippedLease>) {
-    let dir = leases_dir(state_dir);
+    read_lease_dir(&leases_dir(state_dir))
+}
+
+fn read_lease_dir(dir: &Path) -> (Vec<(PathBuf, LeaseRecord)>, Vec<SkippedLease>) {
     let mut leases = Vec::new();
     let mut skipped = Vec::new();
-    let Ok(entries) = std::fs::read_dir(&dir) else {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return (leases, skipped);
     };
     let mut paths: Vec<PathBuf> = entries
@@ -389,6 +402,10 @@ mod tests {
         assert_eq!(leases.len(), 1);
         assert_eq!(leases[0].1.state, LeaseState::Active);
         assert_eq!(leases[0].1.sandbox_id.as_deref(), Some("sb-1"));
+        assert_eq!(ledger.own(LeaseState::Active), [lease.clone()]);
+        assert!(ledger.own(LeaseState::Creating).is_empty());
+        let other_run = Ledger::open(dir.path(), "run-2").unwrap();
+        assert!(other_run.own(LeaseState::Active).is_empty());
         assert_eq!(skipped.len(), 1);
         assert!(skipped[0].path.ends_with("torn.json"));
         // No temp files are left behind.

@@ -72,6 +72,14 @@ pub enum SandboxError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// A create that failed in a way that may have made a sandbox all the same (its answer
+    /// was lost to a timeout, a cut connection, or a 5xx that can follow the work). Such a
+    /// sandbox carries the create's metadata, so it is found by its lease tag.
+    #[error("the create may have made a sandbox that no answer named")]
+    CreateUnconfirmed {
+        #[source]
+        source: Box<SandboxError>,
+    },
 }
 
 impl SandboxError {
@@ -85,6 +93,7 @@ impl SandboxError {
             SandboxError::BadPath { .. } | SandboxError::NotFound { .. } => ErrorClass::BadRequest,
             SandboxError::Unsupported(_) => ErrorClass::Unsupported,
             SandboxError::Remote { class, .. } => *class,
+            SandboxError::CreateUnconfirmed { source } => source.class(),
         }
     }
 
@@ -114,7 +123,9 @@ pub enum Role {
 /// Options for a foreground command.
 #[derive(Debug, Clone)]
 pub struct RunOpts {
-    /// Working directory (absolute); `None` means `home()`.
+    /// Working directory (absolute); `None` leaves it to the backend: the local backend
+    /// starts in `home()`, E2B where the template says for the user (envd's default). A
+    /// command that names paths relative to home must say `home()`.
     pub cwd: Option<String>,
     pub role: Role,
     pub envs: Vec<(String, String)>,
@@ -211,6 +222,7 @@ pub struct Output {
 /// Options for a background process.
 #[derive(Debug, Clone, Default)]
 pub struct SpawnOpts {
+    /// As [`RunOpts::cwd`].
     pub cwd: Option<String>,
     pub role: Role,
     pub envs: Vec<(String, String)>,
@@ -355,11 +367,20 @@ pub trait Backend: Send + Sync {
     /// One sandbox as [`Backend::list`] reports it, without resuming it; `Gone` when it no
     /// longer exists.
     fn describe(&self, id: &str) -> Result<SandboxSummary>;
-    /// Kills a sandbox, running or paused.
+    /// Kills a sandbox, running or paused, repeating as far as repeating can help (each
+    /// backend knows how far); callers do not repeat it. An error means the kill is not
+    /// proven.
     fn kill(&self, id: &str) -> Result<Killed>;
     /// Pauses a running sandbox; it keeps no deadline while paused, and the next
     /// [`Backend::connect`] resumes it.
     fn pause(&self, id: &str, kind: PauseKind) -> Result<Paused>;
+    /// Accounts for this process's creates whose outcome is unknown
+    /// ([`SandboxError::CreateUnconfirmed`]): finds what they made, kills it and closes
+    /// their books, waiting a bounded while for sandboxes that appear late. Called once no
+    /// create is in flight; an error names what could not be accounted for.
+    fn settle_creates(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Refuses an id the backend could never have made (`well_formed` says whether `id` is one),

@@ -1,6 +1,7 @@
 //! Creating a sandbox (v1 and v2): the body checked, a slot reserved against the limit, the
 //! local sandbox created and entered in the table, with the seeded create faults first. A
-//! create carrying an `Idempotency-Key` already used answers the sandbox that key made.
+//! create carrying an `Idempotency-Key` already used answers the sandbox that key made, and
+//! one sent while the create with its key runs waits for that one's answer (`keys`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -16,10 +17,14 @@ use super::body::{
 use super::reply::{at_limit, backend_error, sandbox_json, stopping, Answer};
 use crate::emulator::faults::CreateFault;
 use crate::emulator::http::{Request, Response};
-use crate::emulator::state::{Lifecycle, NetworkState, SandboxEntry, Shared, Table};
+use crate::emulator::keys::Claim;
+use crate::emulator::state::{Lifecycle, NetworkState, SandboxEntry, Shared};
 use crate::sandbox::e2b::is_idempotency_key;
 use crate::sandbox::{Backend, CreateSpec, Metadata, OnTimeout, PauseKind, RunState, Sandbox};
 use crate::sync::lock;
+
+/// How much longer than the create delay a repeat waits for the running create with its key.
+const KEY_WAIT: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Version {
@@ -29,6 +34,20 @@ pub(super) enum Version {
 
 pub(super) fn create(shared: &Shared, req: &Request, version: Version) -> Answer {
     shared.creates.fetch_add(1, Ordering::SeqCst);
+    // Claimed on arrival, so a repeat sent while this create runs waits for its answer.
+    let claim = match idempotency_key(req)? {
+        None => None,
+        Some(k) => match claim_key(shared, k) {
+            Claim::Made(id) => return made(shared, &id),
+            Claim::First(guard) => Some(guard),
+            Claim::Busy => {
+                return Err(Response::error(
+                    409,
+                    "a create with this Idempotency-Key is still in progress",
+                ))
+            }
+        },
+    };
     let delay = shared.faults.create_delay();
     if !delay.is_zero() && !shared.sleep(delay) {
         return Err(stopping());
@@ -47,20 +66,14 @@ pub(super) fn create(shared: &Shared, req: &Request, version: Version) -> Answer
             )))
         }
     }
-    let key = idempotency_key(req)?;
-    if let Some(entry) = key.and_then(|k| keyed(shared, k)) {
-        return Ok(Response::json(201, &sandbox_json(&entry)));
-    }
     let body = body_object(req)?;
     let wanted = Wanted::read(&body, version)?;
     let entry = create_sandbox(shared, wanted)?;
-    if let Some(k) = key {
-        let mut table = lock(&shared.table);
-        // Keys of sandboxes that are gone can never answer again: keep the map bounded.
-        let Table { map, keys, .. } = &mut *table;
-        keys.retain(|_, id| map.contains_key(id));
-        keys.insert(k.to_string(), entry.id.clone());
+    if let Some(guard) = &claim {
+        // Keys of sandboxes that are gone can never answer again: the map stays bounded.
+        guard.made(&entry.id, |id| lock(&shared.table).map.contains_key(id));
     }
+    drop(claim);
     if shared.faults.create_502_after() {
         return Err(shared.faults.hinted(Response::error(
             502,
@@ -82,10 +95,26 @@ fn idempotency_key(req: &Request) -> Result<Option<&str>, Response> {
     }
 }
 
-/// The live sandbox an earlier create with `key` made.
-fn keyed(shared: &Shared, key: &str) -> Option<Arc<SandboxEntry>> {
-    let id = lock(&shared.table).keys.get(key).cloned()?;
-    shared.live_sandbox(&id)
+/// Claims `key`, waiting for a running create with it as long as that one may take.
+fn claim_key<'a>(shared: &'a Shared, key: &str) -> Claim<'a> {
+    let wait = shared.faults.create_delay() + KEY_WAIT;
+    shared.keys.claim(
+        key,
+        |id| shared.live_sandbox(id).is_some(),
+        wait,
+        || shared.is_stopping(),
+    )
+}
+
+/// The answer for a key whose create made sandbox `id`.
+fn made(shared: &Shared, id: &str) -> Answer {
+    match shared.live_sandbox(id) {
+        Some(entry) => Ok(Response::json(201, &sandbox_json(&entry))),
+        None => Err(Response::error(
+            409,
+            "the sandbox this Idempotency-Key made is gone",
+        )),
+    }
 }
 
 /// What a create body asks for, checked.

@@ -1,6 +1,7 @@
 //! `E2bBackend`: creates (through the rate gate and the slot cap, with the lease id as the
-//! idempotency key), connects, lists and kills E2B sandboxes, sharing one tuned HTTP agent
-//! across all of them. Retries happen per call in [`Api`], on the server's hints.
+//! idempotency key), connects, lists and kills E2B sandboxes, refusing those whose envd is
+//! older than this client drives, with one tuned HTTP agent for the control plane and one
+//! for envd. Retries happen per call in [`Api`] and [`Envd`], on the server's hints.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,11 +12,12 @@ use ureq::Agent;
 
 use super::api::{is_sandbox_id, Api, NewSandbox, SandboxAccess, SandboxDetail};
 use super::config::{ConfigError, E2bConfig, USER_AGENT};
-use super::envd::Envd;
+use super::envd::version::{self, EnvdRefused, EnvdVersion};
+use super::envd::{Envd, EnvdLink};
 use super::error::Limits;
 use super::gate::{shared_gate, Clock, CreateGate, CreateRejected, Slots, SystemClock};
 use super::process::Readers;
-use super::retry::RetryPolicy;
+use super::retry::{Retries, RetryPolicy};
 use super::sandbox::E2bSandbox;
 use crate::sandbox::ledger::TAG_LEASE;
 use crate::sandbox::{
@@ -40,8 +42,13 @@ pub struct E2bOptions {
     pub max_sandboxes: usize,
     /// Longest a create waits for one of them to be killed.
     pub slot_wait: Duration,
-    /// Bound on every unary HTTP exchange (control plane, envd RPCs, files).
+    /// Bound on each attempt of a control-plane call, creates included (the SDK's 60 s).
+    pub api_timeout: Duration,
+    /// Bound on an envd unary call (process lists, stdin writes, signals) and a health check.
     pub request_timeout: Duration,
+    /// The longest a file download or upload may move no bytes; it has no total bound, so a
+    /// large file takes as long as it takes while bytes flow.
+    pub transfer_idle: Duration,
     /// Bound on establishing a connection (DNS, TCP, TLS).
     pub connect_timeout: Duration,
     /// envd's keepalive interval on process streams; a stream silent for about twice this is
@@ -60,7 +67,9 @@ impl Default for E2bOptions {
             create_wait: Duration::from_secs(60),
             max_sandboxes: 20,
             slot_wait: Duration::from_secs(60),
-            request_timeout: Duration::from_secs(30),
+            api_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(60),
+            transfer_idle: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
             keepalive: Duration::from_secs(30),
             retry: RetryPolicy::default(),
@@ -85,8 +94,17 @@ impl E2bOptions {
         if self.max_sandboxes == 0 {
             return bad("max_sandboxes", "must be at least 1");
         }
-        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
-            return bad("request_timeout", "and connect_timeout must be positive");
+        let limits = [
+            self.api_timeout,
+            self.request_timeout,
+            self.transfer_idle,
+            self.connect_timeout,
+        ];
+        if limits.iter().any(Duration::is_zero) {
+            return bad(
+                "api_timeout",
+                "request_timeout, transfer_idle and connect_timeout must be positive",
+            );
         }
         if self.keepalive < Duration::from_secs(1) {
             return bad("keepalive", "must be at least one second");
@@ -113,6 +131,10 @@ pub struct E2bCounters {
     pub kill_retries: u64,
     /// Repeats of every other control-plane call (connect, info, list, timeout, network).
     pub other_retries: u64,
+    /// Repeats of envd's idempotent calls (file reads, process lists, health).
+    pub envd_retries: u64,
+    /// Sandboxes killed at once because their envd is older than this client drives.
+    pub envd_refusals: u64,
 }
 
 #[derive(Default)]
@@ -120,6 +142,7 @@ struct Counters {
     creates: AtomicU64,
     create_rejections: AtomicU64,
     kills: AtomicU64,
+    envd_refusals: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -130,7 +153,7 @@ fn bump(c: &AtomicU64) {
 pub struct E2bBackend {
     config: Arc<E2bConfig>,
     options: E2bOptions,
-    agent: Agent,
+    envd: Arc<EnvdLink>,
     api: Arc<Api>,
     /// Shared with every backend of the same account in this process.
     gate: Arc<CreateGate>,
@@ -162,32 +185,31 @@ impl E2bBackend {
         clock: Arc<dyn Clock>,
     ) -> std::result::Result<Arc<E2bBackend>, ConfigError> {
         options.validate()?;
-        // Enough idle connections that every sandbox's worker keeps its own warm one.
-        let idle = options.max_sandboxes.saturating_mul(2).max(16);
-        let agent = Agent::config_builder()
-            // Statuses are classified by us, with the body in hand.
-            .http_status_as_error(false)
-            .timeout_global(Some(options.request_timeout))
-            .timeout_connect(Some(options.connect_timeout))
-            // A redirected POST would be replayed without its body; E2B never redirects.
-            .max_redirects(0)
-            .max_idle_connections(idle)
-            .max_idle_connections_per_host(idle)
-            .user_agent(USER_AGENT)
-            .build()
-            .new_agent();
         let config = Arc::new(config);
+        let retries = Arc::new(Retries::default());
         let api = Arc::new(Api::new(
-            agent.clone(),
+            agent(&options, options.api_timeout),
             Arc::clone(&config),
             Limits {
-                total: Some(options.request_timeout),
+                total: Some(options.api_timeout),
                 connect: options.connect_timeout,
                 silence: None,
             },
             options.retry.clone(),
             Arc::clone(&clock),
+            Arc::clone(&retries),
         ));
+        let envd = Arc::new(EnvdLink {
+            // Streams and file transfers set their own bounds; this is the unary one.
+            agent: agent(&options, options.request_timeout),
+            request_timeout: options.request_timeout,
+            connect_timeout: options.connect_timeout,
+            keepalive: options.keepalive,
+            transfer_idle: options.transfer_idle,
+            retry: options.retry.clone(),
+            clock: Arc::clone(&clock),
+            retries,
+        });
         let interval = Duration::from_secs_f64(1.0 / options.create_rate);
         Ok(Arc::new(E2bBackend {
             gate: shared_gate(
@@ -198,7 +220,7 @@ impl E2bBackend {
             slots: Slots::new(options.max_sandboxes),
             config,
             options,
-            agent,
+            envd,
             api,
             holding: Mutex::default(),
             readers: Arc::default(),
@@ -225,6 +247,8 @@ impl E2bBackend {
             kills: get(&c.kills),
             kill_retries: get(&self.api.retries.kill),
             other_retries: get(&self.api.retries.other),
+            envd_retries: get(&self.api.retries.envd),
+            envd_refusals: get(&c.envd_refusals),
         }
     }
 
@@ -244,12 +268,13 @@ impl E2bBackend {
         } else {
             spec.timeout_secs
         };
+        let template = spec
+            .template
+            .clone()
+            .filter(|t| !t.trim().is_empty())
+            .unwrap_or_else(|| self.options.template.clone());
         let new = NewSandbox {
-            template: spec
-                .template
-                .clone()
-                .filter(|t| !t.trim().is_empty())
-                .unwrap_or_else(|| self.options.template.clone()),
+            template: template.clone(),
             timeout_secs: timeout,
             metadata: spec.metadata.clone(),
             env_vars: spec.envs.iter().cloned().collect::<BTreeMap<_, _>>(),
@@ -264,10 +289,20 @@ impl E2bBackend {
                 .map(|_| ())
                 .map_err(|r| self.rejected(r))
         })?;
+        bump(&self.counters.creates);
+        let version = match version::check(&template, access.envd_version.as_deref()) {
+            Ok(v) => v,
+            Err(refused) => {
+                // A sandbox this client cannot drive is of no use to anyone: like the SDK,
+                // kill it at once (its slot is given back with the permit).
+                bump(&self.counters.envd_refusals);
+                let _ = self.api.kill(&access.sandbox_id);
+                return Err(envd_refused(refused));
+            }
+        };
         permit.keep();
         lock(&self.holding).insert(access.sandbox_id.clone());
-        bump(&self.counters.creates);
-        Ok(Arc::new(self.handle(access)))
+        Ok(Arc::new(self.handle(access, version)))
     }
 
     /// Opens an existing sandbox by id (resuming it if paused) and returns its concrete handle.
@@ -276,7 +311,11 @@ impl E2bBackend {
         let access = self
             .api
             .connect(id, self.options.sandbox_timeout.as_secs().max(1))?;
-        Ok(Arc::new(self.handle(access)))
+        // Not ours to kill: someone else's sandbox is refused, left as it is.
+        let template = access.template_id.as_deref().unwrap_or(id);
+        let version =
+            version::check(template, access.envd_version.as_deref()).map_err(envd_refused)?;
+        Ok(Arc::new(self.handle(access, version)))
     }
 
     /// What the control plane knows about one sandbox.
@@ -285,19 +324,16 @@ impl E2bBackend {
         self.api.info(id)
     }
 
-    fn handle(&self, access: SandboxAccess) -> E2bSandbox {
+    fn handle(&self, access: SandboxAccess, version: Option<EnvdVersion>) -> E2bSandbox {
         let base = self
             .config
             .envd_base(&access.sandbox_id, access.domain.as_deref());
         let envd = Envd::new(
-            self.agent.clone(),
+            Arc::clone(&self.envd),
             base,
             access.sandbox_id.clone(),
             access.envd_access_token,
-            access.envd_version.as_deref(),
-            self.options.request_timeout,
-            self.options.connect_timeout,
-            self.options.keepalive,
+            version,
         );
         E2bSandbox::new(
             access.sandbox_id,
@@ -316,6 +352,33 @@ impl E2bBackend {
             message: "an e2b sandbox create was not admitted".to_string(),
             source: Some(Box::new(why)),
         }
+    }
+}
+
+/// One HTTP agent for the backend's calls, each bounded by `total` unless it says otherwise.
+fn agent(options: &E2bOptions, total: Duration) -> Agent {
+    // Enough idle connections that every sandbox's worker keeps its own warm one.
+    let idle = options.max_sandboxes.saturating_mul(2).max(16);
+    Agent::config_builder()
+        // Statuses are classified by us, with the body in hand.
+        .http_status_as_error(false)
+        .timeout_global(Some(total))
+        .timeout_connect(Some(options.connect_timeout))
+        // A redirected POST would be replayed without its body; E2B never redirects.
+        .max_redirects(0)
+        .max_idle_connections(idle)
+        .max_idle_connections_per_host(idle)
+        .user_agent(USER_AGENT)
+        .build()
+        .new_agent()
+}
+
+/// A sandbox whose envd this client cannot drive: a bad request, which no retry cures.
+fn envd_refused(refused: EnvdRefused) -> SandboxError {
+    SandboxError::Remote {
+        class: ErrorClass::BadRequest,
+        message: refused.to_string(),
+        source: Some(Box::new(refused)),
     }
 }
 

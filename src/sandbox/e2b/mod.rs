@@ -6,13 +6,15 @@
 //!
 //! ```text
 //! config.rs    endpoints and key from E2B_API_KEY / E2B_DOMAIN / E2B_API_URL / E2B_SANDBOX_URL
-//! api.rs       control plane: create (v2, v1 fallback), connect, info, list, kill, timeout, network
-//! envd.rs      envd: unary and streaming Connect calls, /files, /health
+//! api/         control plane: create (v2, v1 fallback), connect, info, list, kill, timeout,
+//!              network (mod.rs), and its JSON (wire.rs)
+//! envd/        envd: unary and streaming Connect calls, /health (mod.rs), process streams
+//!              (events.rs), /files (files.rs), versions and what they gate (version.rs)
 //! envelope.rs  the Connect streaming envelope codec
 //! process.rs   process streams to ProcessEvents (reader threads) and foreground collection
 //! error.rs     classification of statuses, Connect codes and failed exchanges
 //! gate.rs      the create-rate gate and the live-sandbox cap
-//! retry.rs     how control-plane calls are repeated (policy, counts, idempotency keys)
+//! retry.rs     how calls are repeated (policy and its one loop, counts, idempotency keys)
 //! backend.rs   E2bBackend (Backend)
 //! sandbox.rs   E2bSandbox (Sandbox)
 //! ```
@@ -34,6 +36,7 @@ mod sandbox;
 pub use api::SandboxDetail;
 pub use backend::{E2bBackend, E2bCounters, E2bOptions};
 pub use config::{ConfigError, E2bConfig};
+pub use envd::version::{EnvdRefused, EnvdVersion, MIN_ENVD};
 pub use gate::{Clock, CreateRejected, SystemClock};
 pub use retry::{is_idempotency_key, RetryPolicy};
 pub use sandbox::{E2bSandbox, HOME};

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::api::Api;
+use super::envd::version::CLOSE_STDIN;
 use super::envd::{b64_encode, Envd, EventStream};
 use super::error::{Code, EnvdFailure, Subject};
 use super::process::{self, ReaderTicket, Readers};
@@ -129,8 +130,11 @@ impl E2bSandbox {
         let mut process = json!({
             "cmd": SHELL,
             "args": ["-l", "-c", cmd],
-            "cwd": cwd.unwrap_or(HOME),
         });
+        // As the SDK: without one, envd starts where the template says for the user.
+        if let Some(cwd) = cwd {
+            process["cwd"] = json!(cwd);
+        }
         if !envs.is_empty() {
             process["envs"] = json!(envs);
         }
@@ -325,6 +329,13 @@ impl Sandbox for E2bSandbox {
     }
 
     fn close_stdin(&self, pid: u32) -> Result<()> {
+        if !self.envd.supports(CLOSE_STDIN) {
+            return Err(SandboxError::Unsupported(format!(
+                "closing a stdin needs envd {CLOSE_STDIN} or newer; sandbox {} runs {}",
+                self.id,
+                self.envd_version.as_deref().unwrap_or("an unnamed version")
+            )));
+        }
         let request = json!({ "process": { "pid": pid } });
         self.process_call(
             "process.Process/CloseStdin",
@@ -338,7 +349,7 @@ impl Sandbox for E2bSandbox {
     fn processes(&self) -> Result<Vec<ProcessInfo>> {
         let answer = self
             .envd
-            .unary("process.Process/List", &json!({}))
+            .unary_repeatable("process.Process/List", &json!({}))
             .map_err(|f| f.into_error(&self.id, "listing processes", Subject::Sandbox))?;
         Ok(process_list(&answer))
     }

@@ -99,6 +99,23 @@ pub fn retry_hint(status: u16, should_retry: Option<&str>, retry_after: Option<&
     RetryHint::After(wait)
 }
 
+/// As [`retry_hint`], for the control-plane `op`: without a `Should-Retry` header a kill's
+/// 500 is repeated too. A kill is idempotent, and one left unproven leaves a sandbox running
+/// (and billed) until its timeout.
+pub fn api_retry_hint(
+    op: ApiOp,
+    status: u16,
+    should_retry: Option<&str>,
+    retry_after: Option<&str>,
+) -> RetryHint {
+    match retry_hint(status, should_retry, retry_after) {
+        RetryHint::Never if op == ApiOp::Kill && status == 500 && should_retry.is_none() => {
+            RetryHint::After(None)
+        }
+        hint => hint,
+    }
+}
+
 /// A control-plane error answer, kept as the source of the error it caused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("HTTP {status}: {message}")]
@@ -120,6 +137,25 @@ impl ApiStatus {
             message: body.message(),
         }
     }
+
+    /// Whether a create answered with this may have made its sandbox anyway: a 500, 502 or
+    /// 504 can come after the work was done (a gateway that lost the answer, a failure after
+    /// placement), and a 409 says a create with the same idempotency key is still running;
+    /// unless a placement code says nothing was placed.
+    pub fn create_may_have_landed(&self) -> bool {
+        matches!(self.status, 409 | 500 | 502 | 504)
+            && !self
+                .error_code
+                .as_deref()
+                .is_some_and(|c| PLACEMENT_CODES.contains(&c))
+    }
+}
+
+/// Whether `body` is the API's own JSON error (`{"code": <int>, "message": "..."}`), as
+/// opposed to a router's or proxy's page for a path it does not serve.
+pub fn is_api_error_body(body: &[u8]) -> bool {
+    let body = ErrorBody::parse(body);
+    body.int_field("code").is_some() && body.text_field("message").is_some()
 }
 
 /// The error a control-plane answer `status` stands for.
@@ -209,6 +245,29 @@ mod tests {
         assert_eq!(retry_hint(429, Some("false"), Some("1")), Never);
         assert_eq!(retry_hint(503, Some("maybe"), None), After(None));
         assert_eq!(retry_hint(201, Some("true"), None), Never);
+        assert_eq!(api_retry_hint(ApiOp::Kill, 500, None, None), After(None));
+        assert_eq!(api_retry_hint(ApiOp::Kill, 500, Some("false"), None), Never);
+        assert_eq!(api_retry_hint(ApiOp::Info, 500, None, None), Never);
+        assert_eq!(api_retry_hint(ApiOp::Kill, 404, None, None), Never);
+    }
+
+    #[test]
+    fn only_answers_that_can_follow_the_work_leave_a_create_in_doubt() {
+        let landed = |status, body: &[u8]| ApiStatus::parse(status, body).create_may_have_landed();
+        assert!(landed(502, b"bad gateway"));
+        assert!(landed(504, b""));
+        assert!(landed(
+            409,
+            br#"{"code":409,"message":"still in progress"}"#
+        ));
+        assert!(landed(500, br#"{"code":500,"message":"boom"}"#));
+        assert!(!landed(
+            500,
+            br#"{"code":500,"message":"x","error_code":"sandbox_create_failed"}"#
+        ));
+        assert!(!landed(503, b"busy"));
+        assert!(!landed(429, b"slow down"));
+        assert!(!landed(400, b"bad"));
     }
 
     #[test]
@@ -225,6 +284,13 @@ mod tests {
         assert_eq!(err.class(), ErrorClass::Capacity);
         let source = std::error::Error::source(&err).unwrap().to_string();
         assert!(source.contains("Failed to place sandbox"), "{source}");
+
+        assert!(is_api_error_body(
+            br#"{"code":404,"message":"Sandbox \"x\" doesn't exist"}"#
+        ));
+        assert!(!is_api_error_body(b"404 page not found"));
+        assert!(!is_api_error_body(br#"{"code":"not_found","message":"x"}"#));
+        assert!(!is_api_error_body(br#"{"message":"x"}"#));
 
         let err = api_failure(ApiOp::Kill, Some("isb"), ApiStatus::parse(404, b"nope"));
         assert!(matches!(err, SandboxError::Gone { id } if id == "isb"));

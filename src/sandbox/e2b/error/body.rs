@@ -24,6 +24,11 @@ impl<'a> ErrorBody<'a> {
         self.json.as_ref()?.get(key)?.as_str()
     }
 
+    /// An integer field of a JSON body.
+    pub fn int_field(&self, key: &str) -> Option<i64> {
+        self.json.as_ref()?.get(key)?.as_i64()
+    }
+
     /// Whether a JSON body has `key` at all.
     pub fn has_field(&self, key: &str) -> bool {
         self.json.as_ref().is_some_and(|j| j.get(key).is_some())

@@ -14,7 +14,8 @@ pub struct Limits {
     /// The whole exchange; `None` for process streams, which live as long as the process.
     pub total: Option<Duration>,
     pub connect: Duration,
-    /// The longest a stream may stay silent (envd sends keepalives well within it).
+    /// The longest a stream or a file transfer may stay silent (envd sends keepalives well
+    /// within it).
     pub silence: Option<Duration>,
 }
 
@@ -26,6 +27,9 @@ pub struct CallFailure {
     pub detail: String,
     /// Which ureq timeout fired, if one did.
     pub timeout: Option<ureq::Timeout>,
+    /// Whether the request may have reached the server, so that what it asked for may have
+    /// happened (false when no connection was made).
+    pub maybe_delivered: bool,
     pub source: Option<BoxError>,
 }
 
@@ -35,6 +39,7 @@ impl CallFailure {
             class,
             detail: detail.into(),
             timeout: None,
+            maybe_delivered: true,
             source,
         }
     }
@@ -57,6 +62,10 @@ pub fn call_failure(e: ureq::Error, limits: &Limits) -> CallFailure {
                     Some(s) => format!("the server sent nothing for {}", secs(s)),
                     None => "a read timed out".to_string(),
                 },
+                ureq::Timeout::PerWrite => match limits.silence {
+                    Some(s) => format!("the server took nothing for {}", secs(s)),
+                    None => "a write timed out".to_string(),
+                },
                 other => format!("the {other} timeout fired"),
             };
             (ErrorClass::Transport, detail, Some(*t))
@@ -75,10 +84,19 @@ pub fn call_failure(e: ureq::Error, limits: &Limits) -> CallFailure {
             None,
         ),
     };
+    // Without a connection nothing reached the server.
+    let maybe_delivered = !matches!(
+        &e,
+        ureq::Error::Timeout(ureq::Timeout::Resolve | ureq::Timeout::Connect)
+            | ureq::Error::HostNotFound
+            | ureq::Error::ConnectionFailed
+    ) && !matches!(&e, ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused)
+        && class == ErrorClass::Transport;
     CallFailure {
         class,
         detail,
         timeout,
+        maybe_delivered,
         source: Some(Box::new(e)),
     }
 }
@@ -106,9 +124,18 @@ mod tests {
         assert!(f.detail.contains("nothing for 65.000 s"), "{}", f.detail);
         let f = call_failure(ureq::Error::Timeout(ureq::Timeout::Connect), &limits);
         assert!(f.detail.contains("connect within 10.000 s"), "{}", f.detail);
+        let f = call_failure(ureq::Error::Timeout(ureq::Timeout::PerWrite), &limits);
+        assert!(f.detail.contains("nothing for 65.000 s"), "{}", f.detail);
         let f = call_failure(ureq::Error::BadUri("x".into()), &limits);
         assert_eq!(f.class, ErrorClass::BadRequest);
+        assert!(!f.maybe_delivered);
         let f = call_failure(ureq::Error::ConnectionFailed, &limits);
         assert_eq!(f.class, ErrorClass::Transport);
+        assert!(!f.maybe_delivered, "no connection, nothing delivered");
+        let f = call_failure(ureq::Error::Timeout(ureq::Timeout::Global), &limits);
+        assert!(
+            f.maybe_delivered,
+            "an answer that came too late may follow the work"
+        );
     }
 }

@@ -9,6 +9,9 @@ mod body;
 mod call;
 mod envd;
 
-pub use api::{api_call_failure, api_class, api_failure, retry_hint, ApiOp, ApiStatus, RetryHint};
+pub use api::{
+    api_call_failure, api_class, api_failure, api_retry_hint, is_api_error_body, retry_hint, ApiOp,
+    ApiStatus, RetryHint,
+};
 pub use call::{call_failure, CallFailure, Limits};
 pub use envd::{end_of_stream_failure, envd_status_failure, Code, EnvdFailure, RpcStatus, Subject};
