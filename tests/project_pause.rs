@@ -289,3 +289,35 @@ fn close_of_a_vanished_project_creates_nothing_locally() {
 fn close_of_a_vanished_project_creates_nothing_on_e2b() {
     close_creates_nothing(e2b());
 }
+
+/// A command that outlasts the idle timeout keeps the sandbox up to its end instead of
+/// pausing under it; the idle window starts again after it.
+fn long_command_holds_off_the_pause(on: On) {
+    let demo = Demo::new(on, &["--timeout", "2s"]);
+    let o = demo.cli(&[
+        "project",
+        "exec",
+        "demo",
+        "--timeout",
+        "30s",
+        "--",
+        "sleep 5; echo done",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "done\n");
+    wait_for("the idle project to pause", Duration::from_secs(30), || {
+        demo.state() == "paused"
+    });
+    let o = demo.cli(&["project", "close", "demo"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn a_command_longer_than_the_idle_timeout_finishes_locally() {
+    long_command_holds_off_the_pause(On::Local);
+}
+
+#[test]
+fn a_command_longer_than_the_idle_timeout_finishes_on_e2b() {
+    long_command_holds_off_the_pause(e2b());
+}

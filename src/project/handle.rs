@@ -393,6 +393,8 @@ impl Project {
     /// Runs `bash -c command` in the workspace, bounded by `timeout` (TERM, then KILL after a
     /// grace period). A non-zero exit is a result.
     pub fn exec(&self, command: &str, timeout: Duration) -> Result<ExecOutput, ProjectError> {
+        let wall = timeout + EXEC_KILL_AFTER + Duration::from_secs(20);
+        let held = self.hold_for(wall)?;
         let secs = timeout.as_secs().max(1);
         let script = format!(
             "cd {WORKSPACE_DIR} && exec timeout --kill-after={}s {secs}s bash --noprofile --norc -c {}",
@@ -405,12 +407,15 @@ impl Project {
                 &script,
                 &RunOpts {
                     cwd: Some(self.sandbox.home().to_string()),
-                    timeout: timeout + EXEC_KILL_AFTER + Duration::from_secs(20),
+                    timeout: wall,
                     max_output: MAX_EXEC_OUTPUT,
                     ..RunOpts::default()
                 },
             )
             .map_err(ProjectError::sandbox("run the command"))?;
+        if held {
+            self.renew_idle()?;
+        }
         let merged = Captured::merged(&[&out.stdout, &out.stderr], MAX_EXEC_OUTPUT);
         let timed_out = out.timed_out || out.exit_code == Some(124);
         Ok(ExecOutput {
@@ -418,6 +423,29 @@ impl Project {
             output: merged.to_text(),
             timed_out,
         })
+    }
+
+    /// Keeps the sandbox up through an operation of at most `d`: when `d` outlasts the
+    /// project's timeout, the deadline moves to cover it (the sandbox must not pause or die
+    /// mid-command). Returns whether it moved, so the caller renews the idle window after.
+    pub(crate) fn hold_for(&self, d: Duration) -> Result<bool, ProjectError> {
+        let secs = d.as_secs().saturating_add(30);
+        if secs <= self.state.timeout_secs {
+            return Ok(false);
+        }
+        self.sandbox
+            .set_timeout(secs)
+            .map_err(ProjectError::sandbox("keep the project sandbox up"))?;
+        Ok(true)
+    }
+
+    /// Starts the project's timeout again from now.
+    pub(crate) fn renew_idle(&self) -> Result<(), ProjectError> {
+        self.sandbox
+            .set_timeout(self.state.timeout_secs)
+            .map_err(ProjectError::sandbox(
+                "renew the project sandbox's idle timeout",
+            ))
     }
 
     /// Writes a local tree under `dest`, after validating all of it.

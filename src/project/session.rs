@@ -113,9 +113,13 @@ pub fn run_turn(
 ) -> Result<TurnResult, TurnError> {
     let mut attempt = 1;
     loop {
+        let held = project.hold_for(opts.timeout)?;
         match one_turn(project, provider, opts, cancel, events) {
             Ok(mut r) => {
                 r.attempts = attempt;
+                if held {
+                    project.renew_idle()?;
+                }
                 return Ok(r);
             }
             Err(e) if e.is_transport() && attempt == 1 && !cancel.is_cancelled() => {
