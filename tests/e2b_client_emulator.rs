@@ -1,11 +1,9 @@
 //! The E2B backend end to end against `wmo-e2b emulator` (in process, on 127.0.0.1:0): the
 //! same client that talks to E2B cloud, through the emulator's control plane and envd.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wmo_e2b::emulator::{Emulator, EmulatorConfig, EmulatorHandle};
-use wmo_e2b::sandbox::e2b::{E2bBackend, HOME};
+use wmo_e2b::sandbox::e2b::HOME;
 use wmo_e2b::sandbox::{
     Backend, CreateSpec, ErrorClass, Killed, Metadata, ProcessEvent, RunOpts, SandboxError,
     SpawnOpts,
@@ -13,41 +11,10 @@ use wmo_e2b::sandbox::{
 
 mod support;
 
-use support::emulator::KEY;
+use support::emulator::serve;
 use support::{read_until, spawn_with_stdin};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-struct Env {
-    emulator: Option<EmulatorHandle>,
-    backend: Arc<E2bBackend>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        if let Some(e) = self.emulator.take() {
-            e.stop();
-        }
-    }
-}
-
-fn start() -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let config = EmulatorConfig::new(
-        "127.0.0.1:0".parse().unwrap(),
-        KEY,
-        dir.path().to_path_buf(),
-    );
-    let emulator = Emulator::start(config).unwrap();
-    let url = emulator.url();
-    let backend = support::emulator::client_of(url);
-    Env {
-        emulator: Some(emulator),
-        backend,
-        _dir: dir,
-    }
-}
 
 fn spec(run: &str) -> CreateSpec {
     let mut metadata = Metadata::new();
@@ -65,7 +32,7 @@ fn spec(run: &str) -> CreateSpec {
 
 #[test]
 fn create_run_spawn_stdin_list_and_kill() {
-    let env = start();
+    let env = serve();
     let b = &env.backend;
     let sb = b.create(&spec("e2e-1")).unwrap();
     assert_eq!(sb.home(), HOME);
@@ -145,7 +112,7 @@ fn create_run_spawn_stdin_list_and_kill() {
 
 #[test]
 fn connect_by_id_and_reattach_by_pid() {
-    let env = start();
+    let env = serve();
     let b = &env.backend;
     let first = b.create(&spec("e2e-2")).unwrap();
     let p = first
@@ -171,7 +138,7 @@ fn connect_by_id_and_reattach_by_pid() {
 
 #[test]
 fn run_timeouts_are_results() {
-    let env = start();
+    let env = serve();
     let sb = env.backend.create(&spec("e2e-3")).unwrap();
     let started = Instant::now();
     let out = sb

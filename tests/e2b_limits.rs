@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use wmo_e2b::emulator::FaultSpec;
 use wmo_e2b::errors::error_chain;
-use wmo_e2b::sandbox::e2b::{E2bBackend, E2bConfig, E2bOptions, RetryPolicy};
+use wmo_e2b::sandbox::e2b::{E2bBackend, E2bOptions, RetryPolicy};
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::{self, LeaseState, Ledger, TAG_KIND, TAG_LEASE, TAG_OWNER, TAG_RUN};
 use wmo_e2b::sandbox::{Backend, CreateSpec, ErrorClass, Metadata, SandboxError};
 
 mod support;
 
-use support::emulator::{agent, client_of, start_with, Emu, KEY};
+use support::emulator::{agent, client_of, client_with, start_with, Emu, KEY};
 use support::{reap_report, slow_tasks, text, Env};
 
 fn faults(spec: &str) -> FaultSpec {
@@ -27,14 +27,8 @@ fn faults(spec: &str) -> FaultSpec {
 /// The project's client of `emu` with a control-plane limit of `api_timeout` and `retries`
 /// repeats a call.
 fn client(emu: &Emu, api_timeout: Duration, retries: u32) -> Arc<E2bBackend> {
-    let url = emu.handle.url();
-    E2bBackend::new(
-        E2bConfig {
-            api_key: KEY.into(),
-            domain: "e2b.test".into(),
-            api_base: url.clone(),
-            sandbox_url: Some(url),
-        },
+    client_with(
+        emu.handle.url(),
         E2bOptions {
             create_rate: 100.0,
             api_timeout,
@@ -47,7 +41,6 @@ fn client(emu: &Emu, api_timeout: Duration, retries: u32) -> Arc<E2bBackend> {
             ..E2bOptions::default()
         },
     )
-    .unwrap()
 }
 
 /// Sandboxes the emulator runs.

@@ -7,8 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wmo_e2b::emulator::{Emulator, EmulatorConfig, EmulatorHandle};
-use wmo_e2b::sandbox::e2b::{E2bBackend, HOME};
+use wmo_e2b::sandbox::e2b::HOME;
 use wmo_e2b::sandbox::{
     Backend, CreateSpec, ErrorClass, Killed, Metadata, PauseKind, Paused, RunOpts, RunState,
     Sandbox, SpawnOpts,
@@ -16,43 +15,31 @@ use wmo_e2b::sandbox::{
 
 mod support;
 
-use support::emulator::KEY;
+use support::emulator::{serve, Served};
 use support::{eventually, wait_for};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-struct Env {
-    emulator: Option<EmulatorHandle>,
-    backend: Arc<E2bBackend>,
-    _dir: tempfile::TempDir,
-}
+/// The emulator and our client of it.
+struct Env(Served);
 
-impl Drop for Env {
-    fn drop(&mut self) {
-        if let Some(e) = self.emulator.take() {
-            e.stop();
-        }
+impl std::ops::Deref for Env {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.0
     }
 }
 
 impl Env {
     fn start() -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let config = EmulatorConfig::new("127.0.0.1:0".parse().unwrap(), KEY, dir.path().into());
-        let emulator = Emulator::start(config).unwrap();
-        let backend = support::emulator::client_of(emulator.url());
-        Env {
-            emulator: Some(emulator),
-            backend,
-            _dir: dir,
-        }
+        Env(serve())
     }
 
     /// The host directory behind the sandbox's home (E2B ids are local ids without the
     /// dash): read behind the emulator's back, since a paused sandbox's envd answers nothing.
     fn home_of(&self, sb: &dyn Sandbox) -> PathBuf {
         let local = sb.id().replacen("lsb", "lsb-", 1);
-        let sandboxes = self.emulator.as_ref().unwrap().sandboxes_dir();
+        let sandboxes = self.emulator.sandboxes_dir();
         sandboxes.join(local).join("root")
     }
 

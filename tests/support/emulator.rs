@@ -13,7 +13,23 @@ pub const KEY: &str = "e2b_0123456789abcdef";
 
 /// The project's own E2B client pointed at an emulator at `url`, with test-sized waits.
 pub fn client_of(url: String) -> std::sync::Arc<wmo_e2b::sandbox::e2b::E2bBackend> {
-    use wmo_e2b::sandbox::e2b::{E2bBackend, E2bConfig, E2bOptions};
+    client_with(
+        url,
+        wmo_e2b::sandbox::e2b::E2bOptions {
+            create_rate: 100.0,
+            request_timeout: Duration::from_secs(20),
+            keepalive: Duration::from_secs(2),
+            ..wmo_e2b::sandbox::e2b::E2bOptions::default()
+        },
+    )
+}
+
+/// The project's own E2B client pointed at an emulator at `url`, with `options`.
+pub fn client_with(
+    url: String,
+    options: wmo_e2b::sandbox::e2b::E2bOptions,
+) -> std::sync::Arc<wmo_e2b::sandbox::e2b::E2bBackend> {
+    use wmo_e2b::sandbox::e2b::{E2bBackend, E2bConfig};
     E2bBackend::new(
         E2bConfig {
             api_key: KEY.into(),
@@ -21,14 +37,30 @@ pub fn client_of(url: String) -> std::sync::Arc<wmo_e2b::sandbox::e2b::E2bBacken
             api_base: url.clone(),
             sandbox_url: Some(url),
         },
-        E2bOptions {
-            create_rate: 100.0,
-            request_timeout: Duration::from_secs(20),
-            keepalive: Duration::from_secs(2),
-            ..E2bOptions::default()
-        },
+        options,
     )
     .unwrap()
+}
+
+/// An in-process emulator with its state in a temp dir, and the project's own E2B client of
+/// it. Fields drop in order: the emulator stops (killing its sandboxes) before the state
+/// directory goes.
+pub struct Served {
+    pub emulator: EmulatorHandle,
+    pub backend: std::sync::Arc<wmo_e2b::sandbox::e2b::E2bBackend>,
+    _dir: tempfile::TempDir,
+}
+
+pub fn serve() -> Served {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let listen: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let config = EmulatorConfig::new(listen, KEY, dir.path().to_path_buf());
+    let emulator = Emulator::start(config).expect("the emulator starts");
+    Served {
+        backend: client_of(emulator.url()),
+        emulator,
+        _dir: dir,
+    }
 }
 
 /// An emulator running in this test process, and a client of it.

@@ -153,7 +153,7 @@ fn members(spaces: &Namespaces) -> Vec<Member> {
     if spaces.0.is_empty() {
         return Vec::new();
     }
-    let Ok(dir) = std::fs::read_dir("/proc") else {
+    let Some(pids) = sys::proc_pids() else {
         return Vec::new();
     };
     // Whether a namespace is the sandbox's, decided once per namespace and pass.
@@ -162,14 +162,7 @@ fn members(spaces: &Namespaces) -> Vec<Member> {
         inside.entry(own).or_insert(false);
     }
     let mut out = Vec::new();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in pids {
         // Unreadable: exited meanwhile, or not ours to inspect (and so not a sandbox's).
         let Some(ns) = pid_namespace(pid) else {
             continue;

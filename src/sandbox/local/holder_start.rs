@@ -219,14 +219,10 @@ fn host_pid(report: Report, parent: Option<&Holder>) -> Option<u32> {
         return Some(report.child_pid);
     }
     // ... or as the sandbox's namespace does.
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .find(|&pid| {
-            let levels = ns_pids(pid);
-            levels.len() >= 3 && levels[levels.len() - 2] == report.child_pid && nested(pid)
-        })
+    sys::proc_pids()?.find(|&pid| {
+        let levels = ns_pids(pid);
+        levels.len() >= 3 && levels[levels.len() - 2] == report.child_pid && nested(pid)
+    })
 }
 
 /// The inode of the PID namespace `pid` lives in.

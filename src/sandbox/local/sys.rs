@@ -116,6 +116,16 @@ fn group_exists(pgid: u32) -> bool {
     io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Every pid `/proc` lists now (processes come and go while it is read); `None` when
+/// `/proc` cannot be read.
+pub(super) fn proc_pids() -> Option<impl Iterator<Item = u32>> {
+    let dir = std::fs::read_dir("/proc").ok()?;
+    Some(
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()),
+    )
+}
+
 /// The groups among `pgids` that still have a member that is not a zombie.
 pub(super) fn live_groups(pgids: &[u32]) -> Vec<u32> {
     let candidates: Vec<u32> = pgids.iter().copied().filter(|&g| group_exists(g)).collect();
@@ -123,19 +133,12 @@ pub(super) fn live_groups(pgids: &[u32]) -> Vec<u32> {
         return candidates;
     }
     // kill(2) still finds groups whose members are all zombies; only /proc tells those apart.
-    let Ok(dir) = std::fs::read_dir("/proc") else {
+    let Some(pids) = proc_pids() else {
         return candidates;
     };
     let wanted: HashSet<u32> = candidates.iter().copied().collect();
     let mut live = HashSet::new();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in pids {
         if let Some(stat) = proc_stat(pid) {
             if stat.is_running() && wanted.contains(&stat.pgrp) {
                 live.insert(stat.pgrp);
