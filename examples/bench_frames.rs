@@ -6,7 +6,10 @@
 //! - `recv`: a real [`StdioChannel`] (its reader thread, line splitter, `frame::decode`, the
 //!   bounded hand-off) over a fake sandbox whose process events are fed from memory, either
 //!   one event per frame (`--chunking frame`) or 64 KiB events that split lines
-//!   (`--chunking 64k`), as the reference's fake command handle does;
+//!   (`--chunking 64k`), as the reference's fake command handle does; every frame is read
+//!   whole, as the broker reads a tool request and the reference hands out a dict;
+//! - `route`: `recv`, but frames are only routed (type and id), as the broker handles the
+//!   frames it needs no field of, and as a transcript copies them;
 //! - `pipe`: the same, but the frames come from a real local-sandbox process (`cat` of a ring
 //!   file) through the local backend's pipe readers;
 //! - `decode`: line splitting plus `frame::decode` on one thread, no channel (the floor);
@@ -194,7 +197,8 @@ fn main() {
     let wire_bytes = lines.iter().map(Vec::len).sum::<usize>() as f64 / RING as f64;
 
     let (n, seconds, cpu) = match op.as_str() {
-        "recv" => bench_recv(&lines, n, &chunking),
+        "recv" => bench_recv(&lines, n, &chunking, true),
+        "route" => bench_recv(&lines, n, &chunking, false),
         "pipe" => bench_pipe(&lines, n),
         "decode" => bench_decode(&lines, n),
         "send" => bench_send(&frames, n),
@@ -204,7 +208,7 @@ fn main() {
         "impl": "wmo-e2b",
         "op": op,
         "size": size,
-        "chunking": if op == "recv" { chunking.as_str() } else { "-" },
+        "chunking": if op == "recv" || op == "route" { chunking.as_str() } else { "-" },
         "n": n,
         "json_bytes_per_frame": json_bytes.round(),
         "wire_bytes_per_frame": wire_bytes.round(),
@@ -220,15 +224,13 @@ fn main() {
 
 fn check_last(f: &frame::Frame, n: usize) {
     let want = ((n - 1) % RING) as u64;
-    assert_eq!(
-        f.get("req_id").and_then(Value::as_u64),
-        Some(want),
-        "last frame"
-    );
+    assert_eq!(f.req_id(), Some(want), "last frame");
 }
 
 /// A real channel over in-memory process events.
-fn bench_recv(lines: &[Vec<u8>], n: usize, chunking: &str) -> (usize, f64, f64) {
+/// `whole`: every frame is read whole, as the broker reads a tool or model request (and as
+/// the reference hands out a dict); without it frames are only routed, by type and id.
+fn bench_recv(lines: &[Vec<u8>], n: usize, chunking: &str, whole: bool) -> (usize, f64, f64) {
     // The local backend's per-process event buffer is 64 chunks, too.
     let (tx, rx) = crossbeam_channel::bounded(64);
     let events: Vec<Vec<u8>> = lines.to_vec();
@@ -274,12 +276,14 @@ fn bench_recv(lines: &[Vec<u8>], n: usize, chunking: &str) -> (usize, f64, f64) 
     );
     let mut last = None;
     for _ in 0..n {
-        last = Some(
-            channel
-                .recv(Duration::from_secs(60))
-                .expect("recv")
-                .expect("frame"),
-        );
+        let f = channel
+            .recv(Duration::from_secs(60))
+            .expect("recv")
+            .expect("frame");
+        if whole {
+            std::hint::black_box(f.body());
+        }
+        last = Some(f);
     }
     let seconds = t0.elapsed().as_secs_f64();
     let cpu = cpu_s() - cpu0;
@@ -323,12 +327,14 @@ fn bench_pipe(lines: &[Vec<u8>], n: usize) -> (usize, f64, f64) {
     let mut channel = StdioChannel::new(sandbox.clone(), process, None);
     let mut last = None;
     for _ in 0..n {
-        last = Some(
-            channel
-                .recv(Duration::from_secs(60))
-                .expect("recv")
-                .expect("frame"),
-        );
+        let f = channel
+            .recv(Duration::from_secs(60))
+            .expect("recv")
+            .expect("frame");
+        if whole {
+            std::hint::black_box(f.body());
+        }
+        last = Some(f);
     }
     let seconds = t0.elapsed().as_secs_f64();
     let cpu = cpu_s() - cpu0;

@@ -334,7 +334,7 @@ impl DurableChannel {
             return Err(format!("{path} holds another sequence"));
         }
         match v.get("frame") {
-            Some(Value::Object(f)) => Ok(f.clone()),
+            Some(Value::Object(f)) => Ok(Frame::from_map(f.clone())),
             _ => Err(format!("{path} holds no frame")),
         }
     }
@@ -444,7 +444,7 @@ fn classify_line(piece: Piece<'_>) -> Option<ReaderMsg> {
             f.get("frame"),
         ) {
             (Some(seq), Some(Value::Object(inner))) if seq > 0 => {
-                Some(ReaderMsg::Envelope(seq, inner.clone()))
+                Some(ReaderMsg::Envelope(seq, Frame::from_map(inner.clone())))
             }
             _ => Some(ReaderMsg::Unsequenced),
         },

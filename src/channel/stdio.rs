@@ -34,8 +34,10 @@ enum End {
     Failed(Arc<SandboxError>),
 }
 
+/// What the reader hands over: every frame of one stdout chunk at once (one wake-up for a
+/// chunk holding hundreds of small frames), or the end.
 enum Incoming {
-    Frame(Frame),
+    Frames(Vec<Frame>),
     End(End),
 }
 
@@ -72,6 +74,8 @@ pub struct StdioChannel {
     sandbox: Arc<dyn Sandbox>,
     pid: u32,
     rx: Receiver<Incoming>,
+    /// Frames of a batch not yet handed out, in order.
+    ready: VecDeque<Frame>,
     shared: Arc<Shared>,
     ended: Option<End>,
     closed: bool,
@@ -86,7 +90,7 @@ impl StdioChannel {
             renewal: Mutex::new(renewal),
         });
         // Bounded so a runner that floods frames is slowed by backpressure rather than
-        // growing host memory.
+        // growing host memory: at most this many chunks' frames wait.
         let (tx, rx) = crossbeam_channel::bounded(1024);
         let reader = Reader {
             sandbox: sandbox.clone(),
@@ -111,6 +115,7 @@ impl StdioChannel {
             sandbox,
             pid: process.pid,
             rx,
+            ready: VecDeque::new(),
             shared,
             ended,
             closed: false,
@@ -153,7 +158,7 @@ impl StdioChannel {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
                 // The episode is lost either way; frames still in flight do not matter.
-                Ok(Incoming::Frame(_)) => continue,
+                Ok(Incoming::Frames(_)) => continue,
                 Ok(Incoming::End(End::Exited(code))) => {
                     return ChannelError::Exited {
                         code,
@@ -179,11 +184,24 @@ impl StdioChannel {
     /// The next frame, `Ok(None)` once the channel was closed by us. End of the stream is
     /// sticky: every later call reports it again.
     pub fn recv(&mut self, timeout: Duration) -> Result<Option<Frame>, ChannelError> {
+        if let Some(f) = self.ready.pop_front() {
+            return Ok(Some(f));
+        }
         if let Some(end) = &self.ended {
             return self.end_error(end.clone());
         }
         match self.rx.recv_timeout(timeout) {
-            Ok(Incoming::Frame(f)) => Ok(Some(f)),
+            Ok(Incoming::Frames(batch)) => {
+                self.ready.extend(batch);
+                match self.ready.pop_front() {
+                    Some(f) => Ok(Some(f)),
+                    // The reader sends no empty batch; one would be a wait that found nothing.
+                    None => Err(ChannelError::Timeout {
+                        waited: timeout,
+                        stderr_tail: self.shared.tail(),
+                    }),
+                }
+            }
             Ok(Incoming::End(end)) => {
                 self.ended = Some(end.clone());
                 self.end_error(end)
@@ -333,24 +351,24 @@ impl Reader {
                 "[channel] dropped a {n}-byte stdout line (over the {MAX_LINE}-byte limit)"
             )),
         });
-        for f in frames {
-            match frame_type(&f) {
-                "transport_keepalive" => {
-                    self.renew();
-                    continue;
-                }
-                "done" | "episode_error" => {
-                    if let Some(r) = self.shared.renewal().as_mut() {
-                        r.episode_ended();
-                    }
-                }
-                _ => {}
+        let mut keepalive = false;
+        frames.retain(|f| match frame_type(f) {
+            "transport_keepalive" => {
+                keepalive = true;
+                false
             }
-            if self.tx.send(Incoming::Frame(f)).is_err() {
-                return false;
+            "done" | "episode_error" => {
+                if let Some(r) = self.shared.renewal().as_mut() {
+                    r.episode_ended();
+                }
+                true
             }
+            _ => true,
+        });
+        if keepalive {
+            self.renew();
         }
-        true
+        frames.is_empty() || self.tx.send(Incoming::Frames(frames)).is_ok()
     }
 
     fn on_stderr(&mut self, chunk: &[u8]) {

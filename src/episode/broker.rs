@@ -78,7 +78,7 @@ impl<'a, 'b> Broker<'a, 'b> {
                     return Err(self.channel_error(e));
                 }
             };
-            self.ep.observer.frame(Peer::Runner, &frame);
+            self.ep.observer.runner_frame(&frame);
             match self.dispatch(frame)? {
                 Step::Continue => {}
                 Step::End(outcome) => return Ok(outcome),

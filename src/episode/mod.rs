@@ -27,7 +27,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::cancel::CancelToken;
-use crate::channel::{ChannelError, FrameChannel};
+use crate::channel::{ChannelError, Frame, FrameChannel};
 use crate::environment::{EnvError, Environment};
 use crate::provider::Provider;
 use crate::skills::SkillSet;
@@ -136,6 +136,11 @@ pub enum Peer {
 /// project turn.
 pub trait Observer {
     fn frame(&mut self, from: Peer, frame: &Map<String, Value>);
+    /// A frame from the runner; by default heard as [`Observer::frame`] hears one, which
+    /// parses all of it.
+    fn runner_frame(&mut self, frame: &Frame) {
+        self.frame(Peer::Runner, frame.body());
+    }
     /// Something the broker noticed that no frame says (a failed model call, an ignored
     /// request).
     fn note(&mut self, message: &str);

@@ -8,6 +8,7 @@ use std::time::Instant;
 use serde_json::{json, Map, Value};
 
 use super::{Observer, Peer};
+use crate::channel::Frame;
 
 /// Writes frames as `{"t": seconds, "from": "host"|"runner"|"note", "frame": {...}}` lines.
 /// A transcript that cannot be written must not fail the episode: the first write error is
@@ -43,6 +44,22 @@ impl Transcript {
 
     pub fn record(&mut self, from: &str, frame: &Map<String, Value>) {
         self.write(&json!({"t": self.elapsed(), "from": from, "frame": frame}));
+    }
+
+    /// Records a runner's frame from its own JSON text: nothing is parsed or encoded again.
+    pub fn record_json(&mut self, from: &str, frame_json: &[u8]) {
+        let head = json!({"t": self.elapsed(), "from": from}).to_string();
+        let Some(out) = self.out.as_mut() else { return };
+        // `{"t":..,"from":..}` opened up to take the frame as its last field.
+        let res = out
+            .write_all(&head.as_bytes()[..head.len() - 1])
+            .and_then(|()| out.write_all(b",\"frame\":"))
+            .and_then(|()| out.write_all(frame_json))
+            .and_then(|()| out.write_all(b"}\n"));
+        if let Err(e) = res {
+            self.error.get_or_insert(e);
+            self.out = None;
+        }
     }
 
     pub fn note(&mut self, message: &str) {
@@ -105,6 +122,11 @@ impl Observer for Transcript {
         }
     }
 
+    fn runner_frame(&mut self, frame: &Frame) {
+        // Runners send no harness files; the frame goes as it came.
+        self.record_json("runner", frame.json());
+    }
+
     fn note(&mut self, message: &str) {
         Transcript::note(self, message);
     }
@@ -113,5 +135,35 @@ impl Observer for Transcript {
 impl Drop for Transcript {
     fn drop(&mut self) {
         let _ = self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine;
+
+    #[test]
+    fn a_runner_frame_is_copied_as_it_came_and_reads_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        let mut t = Transcript::append(&path).unwrap();
+        let sent = br#"{"type":"tool_request","req_id":3,"name":"bash","arguments":{"command":"ls \"a b\"\n"},"note":"caf\u00e9 \u2028"}"#;
+        let line = base64::engine::general_purpose::STANDARD.encode(sent);
+        let frame = crate::channel::frame::decode(line.as_bytes()).unwrap();
+        t.runner_frame(&frame);
+        t.note("after");
+        t.finish().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["from"], "runner");
+        assert!(lines[0]["t"].is_number());
+        let want: Value = serde_json::from_slice(sent).unwrap();
+        assert_eq!(lines[0]["frame"], want);
+        assert_eq!(lines[1]["message"], "after");
     }
 }

@@ -11,7 +11,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::channel::{ChannelError, Frame, LeaseRenewal, StdioChannel};
+use serde_json::{Map, Value};
+
+use crate::channel::{ChannelError, LeaseRenewal, StdioChannel};
 use crate::sandbox::{Sandbox, SandboxError, SpawnOpts};
 
 /// Frame protocol version the host speaks; `hello.protocol` must match.
@@ -127,7 +129,7 @@ impl Default for BootstrapOpts {
 /// A started runner: its channel and the hello it sent.
 pub struct Started {
     pub channel: StdioChannel,
-    pub hello: Frame,
+    pub hello: Map<String, Value>,
 }
 
 /// The absolute runner directory of a sandbox.
@@ -182,7 +184,7 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
     let pid = process.pid;
     let mut channel = StdioChannel::new(sandbox.clone(), process, opts.renewal.clone());
     let hello = match channel.wait_hello(opts.hello_timeout) {
-        Ok(hello) => hello,
+        Ok(hello) => hello.into_body(),
         Err(source) => {
             // A runner that never said hello is useless; make sure it is not left behind.
             let _ = sandbox.kill_process(pid);
