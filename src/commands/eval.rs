@@ -96,7 +96,8 @@ pub struct EvalArgs {
     #[arg(long, default_value = "120s", value_parser = super::bounds::duration)]
     request_timeout: Duration,
     /// What runs in the runner: `builtin` (its own tool-calling loop), `pi` (the real pi
-    /// agent loop, its npm packages installed once into a cache under the state dir), or a
+    /// agent loop, its npm packages bundled into one file once, in a cache under the state
+    /// dir, and that file sent to sandboxes), or a
     /// directory holding `agent.mjs` that exports `runEpisode(ctx)` (sent with every episode).
     #[arg(long, default_value = "builtin", value_name = "builtin|pi|DIR")]
     harness: String,
