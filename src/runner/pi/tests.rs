@@ -50,6 +50,60 @@ fn system_sh(sandbox: &dyn Sandbox, cmd: &str) -> String {
 const FIND_NODE_MODULES: &str =
     "find / -path /proc -prune -o -type d -name node_modules -prune ! -empty -print 2>/dev/null; true";
 
+/// The inputs pin exactly: pi's two packages and esbuild at their versions, and every
+/// package of the lockfile by version and sha512 integrity, fetched from the npm registry
+/// alone (no git, tarball URL or link dependency; esbuild's binary is its platform
+/// package, an optional dependency like any other).
+#[test]
+fn the_inputs_pin_every_package_and_need_the_npm_registry_alone() {
+    let input = |name: &str| -> Value {
+        let text = BUILD_INPUTS.iter().find(|(n, _)| *n == name).unwrap().1;
+        serde_json::from_str(text).unwrap()
+    };
+    let manifest = input("package.json");
+    let deps = manifest["dependencies"].as_object().unwrap();
+    let mut want: Vec<(String, &str)> = PI_PACKAGES
+        .iter()
+        .map(|p| (p.to_string(), PI_VERSION))
+        .chain([("esbuild".to_string(), ESBUILD_VERSION)])
+        .collect();
+    want.sort();
+    let mut pinned: Vec<(String, &str)> = deps
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap()))
+        .collect();
+    pinned.sort();
+    assert_eq!(pinned, want, "package.json pins exactly the specs");
+
+    let lock = input("package-lock.json");
+    let packages = lock["packages"].as_object().unwrap();
+    for (name, version) in &want {
+        assert_eq!(
+            packages[&format!("node_modules/{name}")]["version"],
+            *version,
+            "{name}"
+        );
+    }
+    for (path, entry) in packages.iter().filter(|(p, _)| !p.is_empty()) {
+        assert!(
+            entry["integrity"]
+                .as_str()
+                .is_some_and(|i| i.starts_with("sha512-")),
+            "{path} has no sha512 integrity"
+        );
+        assert!(entry.get("link").is_none(), "{path} is a link");
+        if let Some(url) = entry.get("resolved").and_then(Value::as_str) {
+            assert!(
+                url.starts_with("https://registry.npmjs.org/"),
+                "{path} is fetched from {url}"
+            );
+        }
+    }
+    let binary = &packages["node_modules/@esbuild/linux-x64"];
+    assert_eq!(binary["version"], ESBUILD_VERSION);
+    assert_eq!(binary["optional"], true);
+}
+
 /// Same inputs, same bytes: a second build, from its own `npm ci` in a fresh state
 /// directory, gives the bundle the cache holds, to the byte (so its sha256 too).
 #[test]
