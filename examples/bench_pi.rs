@@ -4,12 +4,13 @@
 //!
 //! - `install --state DIR --reps N`: N cold installs. Rep 0 installs into DIR (kept for the
 //!   other modes), later reps into fresh temporary state dirs. Each rep times the first
-//!   `runner::pi::ensure_installed` (npm; `npm_config_cache` from the environment is honoured),
-//!   then 30 more calls on the same dir (the warm path: a marker read), then a pi runner on
-//!   a fresh sandbox: spawn-to-hello and its first pi episode (pi's lazy import).
+//!   `runner::pi::ensure_installed` (`npm ci` and the bundling; `npm_config_cache` from the
+//!   environment is honoured), then 30 more calls on the same dir (the warm path: the marker
+//!   and the bundle's digest), then a pi runner on a fresh sandbox: spawn-to-hello and its
+//!   first pi episode (the bundle's lazy import).
 //! - `hello --state DIR --reps 30`: per rep, interleaved (order alternating): a bare
 //!   `node -e ''` (scrubbed environment), a builtin runner and a pi-enabled runner
-//!   (`BootstrapOpts.pi_modules`, after a warm `ensure_installed`), each on a fresh sandbox,
+//!   (`BootstrapOpts.pi`, after a warm `ensure_installed`), each on a fresh sandbox,
 //!   spawn-to-hello, then the first episode on that runner (instant environment).
 //! - `episode --state DIR --episodes N [--env sandbox|instant] [--transcript file|none]`:
 //!   two pools, one builtin and one pi-enabled, one warm sandbox each; episodes alternate
@@ -25,7 +26,7 @@
 //!
 //! `cargo run --release --example bench_pi -- hello --state target/pi-cache --reps 30`
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,7 +37,7 @@ use wmo_e2b::episode::{self, Episode, EpisodeConfig, Opening, StopReason, Transc
 use wmo_e2b::pool::{self, Pool, PoolConfig};
 use wmo_e2b::provider::scripted::ScriptedProvider;
 use wmo_e2b::runner::{self, pi, BootstrapOpts};
-use wmo_e2b::sandbox::local::LocalBackend;
+use wmo_e2b::sandbox::local::{LocalBackend, LocalOptions};
 use wmo_e2b::sandbox::{Backend, RunOpts, Sandbox};
 use wmo_e2b::task::Task;
 
@@ -59,14 +60,32 @@ fn ms_list(v: &[f64]) -> Vec<f64> {
     v.iter().map(|x| ms(*x)).collect()
 }
 
-fn bootstrap_opts(modules: Option<&Path>) -> BootstrapOpts {
+fn bootstrap_opts(pi: Option<&pi::PiShipment>) -> BootstrapOpts {
     BootstrapOpts {
-        pi_modules: modules.map(Path::to_path_buf),
+        pi: pi.cloned(),
         ..BootstrapOpts::default()
     }
 }
 
-fn new_pool(backend: Arc<LocalBackend>, modules: Option<&Path>) -> Pool {
+/// A local backend in `dir` whose runners see `install` (mounted as `eval` mounts it), and
+/// what a runner is given of it.
+fn backend_for(
+    dir: &Path,
+    install: Option<&pi::PiInstall>,
+) -> (Arc<LocalBackend>, Option<pi::PiShipment>) {
+    let backend = LocalBackend::open_with(
+        dir,
+        LocalOptions {
+            system_read_only: install.iter().map(|i| i.local_mount()).collect(),
+            ..LocalOptions::default()
+        },
+    )
+    .expect("open the local backend");
+    let shipment = install.map(|i| i.local_shipment(backend.isolation()));
+    (backend, shipment)
+}
+
+fn new_pool(backend: Arc<LocalBackend>, pi: Option<&pi::PiShipment>) -> Pool {
     let episode = Duration::from_secs(300);
     Pool::new(
         backend as Arc<dyn Backend>,
@@ -74,23 +93,23 @@ fn new_pool(backend: Arc<LocalBackend>, modules: Option<&Path>) -> Pool {
             spec: spec(),
             lease: pool::lease_for(episode),
             lifetime: pool::lifetime_for(episode),
-            bootstrap: bootstrap_opts(modules),
+            bootstrap: bootstrap_opts(pi),
             workspace_dir: "workspace".into(),
             reuse: true,
         },
     )
 }
 
-/// The pi install under `state` (installed by the `install` mode, or an existing cache).
-fn modules_of(state: &Path) -> PathBuf {
+/// The pi install under `state` (built by the `install` mode, or an existing cache).
+fn install_of(state: &Path) -> pi::PiInstall {
     pi::find_installed(state)
+        .expect("the pi install")
         .unwrap_or_else(|| {
             panic!(
                 "no pi install under {}: run the install mode first",
                 state.display()
             )
         })
-        .modules_dir
 }
 
 /// The reference's episode: `bash` (`echo hello`), then `submit` 42.
@@ -188,7 +207,7 @@ fn tree_size(dir: &Path) -> (u64, u64, u64) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().cloned().unwrap_or_else(|| "hello".into());
-    // Absolute: the runner names the modules directory from its own working directory.
+    // Absolute: an unconfined runner is given the bundle's host path.
     let state = std::path::absolute(arg(&args, "--state", "target/pi-cache")).expect("--state");
     let out = match mode.as_str() {
         "install" => install(&state, arg(&args, "--reps", "1").parse().unwrap()),
@@ -216,8 +235,6 @@ fn main() {
 // install: cold and warm ensure_installed, and the first pi runner after a cold install
 
 fn install(state: &Path, reps: usize) -> Value {
-    let sandboxes = tempfile::tempdir().expect("tempdir");
-    let backend = LocalBackend::open(sandboxes.path()).expect("open the local backend");
     let mut rows = Vec::new();
     let mut size = (0, 0, 0);
     for rep in 0..reps {
@@ -228,7 +245,7 @@ fn install(state: &Path, reps: usize) -> Value {
             scratch.path().to_path_buf()
         };
         assert!(
-            pi::find_installed(&dir).is_none(),
+            pi::find_installed(&dir).expect("find_installed").is_none(),
             "{} already holds pi: the install must be cold",
             dir.display()
         );
@@ -243,15 +260,16 @@ fn install(state: &Path, reps: usize) -> Value {
             assert_eq!(again, installed);
         }
         if rep == 0 {
-            size = tree_size(&installed.modules_dir);
+            size = tree_size(&installed.dir);
         }
         // The first pi runner after the install: spawn-to-hello, then its first episode
         // (the runner imports pi lazily, at its first pi episode).
+        let sandboxes = tempfile::tempdir().expect("tempdir");
+        let (backend, shipment) = backend_for(sandboxes.path(), Some(&installed));
         let sandbox: Arc<dyn Sandbox> = backend.create_local(&spec()).expect("create");
         let t0 = Instant::now();
-        let mut started =
-            runner::bootstrap(&sandbox, &bootstrap_opts(Some(&installed.modules_dir)))
-                .expect("bootstrap (pi)");
+        let mut started = runner::bootstrap(&sandbox, &bootstrap_opts(shipment.as_ref()))
+            .expect("bootstrap (pi)");
         let t_hello = t0.elapsed().as_secs_f64();
         assert_eq!(started.hello["pi_version"], pi::PI_VERSION);
         let tools = environment::default_tools();
@@ -282,8 +300,8 @@ fn install(state: &Path, reps: usize) -> Value {
         "impl": "wmo-e2b", "mode": "install", "reps": reps,
         "npm_config_cache": std::env::var("npm_config_cache").ok(),
         "specs": pi::specs(),
-        "node_modules_bytes": size.0, "node_modules_disk_bytes": size.1,
-        "node_modules_files": size.2,
+        "install_bytes": size.0, "install_disk_bytes": size.1, "install_files": size.2,
+        "bundle_bytes": pi::find_installed(state).ok().flatten().map(|i| i.bundle.bytes().len()),
         "median_install_cold_ms": median(&cold),
         "rows": rows,
     })
@@ -294,7 +312,7 @@ fn install(state: &Path, reps: usize) -> Value {
 
 fn hello(state: &Path, reps: usize) -> Value {
     let sandboxes = tempfile::tempdir().expect("tempdir");
-    let backend = LocalBackend::open(sandboxes.path()).expect("open the local backend");
+    let (backend, _) = backend_for(sandboxes.path(), Some(&install_of(state)));
     let node_version = std::process::Command::new("node")
         .arg("--version")
         .output()
@@ -306,10 +324,10 @@ fn hello(state: &Path, reps: usize) -> Value {
     let (mut boot_b, mut boot_p, mut first_b, mut first_p) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // spawn-to-hello of one runner, then its first episode
-    let one = |modules: Option<&Path>, harness: &str| -> (f64, f64) {
+    let one = |pi: Option<&pi::PiShipment>, harness: &str| -> (f64, f64) {
         let sandbox: Arc<dyn Sandbox> = backend.create_local(&spec()).expect("create");
         let t0 = Instant::now();
-        let mut started = runner::bootstrap(&sandbox, &bootstrap_opts(modules)).expect("bootstrap");
+        let mut started = runner::bootstrap(&sandbox, &bootstrap_opts(pi)).expect("bootstrap");
         let t_boot = t0.elapsed().as_secs_f64();
         let cfg = config(harness, system.clone(), Map::new());
         let t0 = Instant::now();
@@ -333,13 +351,14 @@ fn hello(state: &Path, reps: usize) -> Value {
         let t_bare = t0.elapsed().as_secs_f64();
         assert!(st.success());
         let pi_run = || {
-            // What a run pays to enable pi once the cache is warm: the marker check.
+            // What a run pays to enable pi once the cache is warm: the marker, and the
+            // bundle read and its digest checked.
             let t0 = Instant::now();
-            let modules = pi::ensure_installed(state)
+            let shipment = pi::ensure_installed(state)
                 .expect("ensure_installed")
-                .modules_dir;
+                .local_shipment(backend.isolation());
             let t_ensure = t0.elapsed().as_secs_f64();
-            let (b, f) = one(Some(&modules), "pi");
+            let (b, f) = one(Some(&shipment), "pi");
             (t_ensure, b, f)
         };
         let ((tb, fb), (te, tp, fp)) = if rep % 2 == 0 {
@@ -447,13 +466,12 @@ fn cycle(
 }
 
 fn episodes(state: &Path, n: usize, env_kind: &str, transcript: &str) -> Value {
-    let modules = modules_of(state);
     let sandboxes = tempfile::tempdir().expect("tempdir");
-    let backend = LocalBackend::open(sandboxes.path()).expect("open the local backend");
+    let (backend, shipment) = backend_for(sandboxes.path(), Some(&install_of(state)));
     let transcripts = sandboxes.path().join("transcripts");
     std::fs::create_dir_all(&transcripts).unwrap();
     let tools = environment::default_tools();
-    let mut sides: Vec<Side<'_>> = [("builtin", None), ("pi", Some(modules.as_path()))]
+    let mut sides: Vec<Side<'_>> = [("builtin", None), ("pi", shipment.as_ref())]
         .into_iter()
         .map(|(name, m)| {
             let pool = new_pool(backend.clone(), m);
@@ -553,10 +571,10 @@ fn soak(
     transcript: &str,
     samples: usize,
 ) -> Value {
-    let modules = (harness == "pi").then(|| modules_of(state));
+    let install = (harness == "pi").then(|| install_of(state));
     let sandboxes = tempfile::tempdir().expect("tempdir");
-    let backend = LocalBackend::open(sandboxes.path()).expect("open the local backend");
-    let pool = new_pool(backend, modules.as_deref());
+    let (backend, shipment) = backend_for(sandboxes.path(), install.as_ref());
+    let pool = new_pool(backend, shipment.as_ref());
     let files: Map<String, Value> = if files_json.is_empty() {
         Map::new()
     } else {

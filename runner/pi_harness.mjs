@@ -3,9 +3,11 @@
 // every tool call answered by the host over the runner's frames.
 //
 // runner.mjs imports this module lazily, at the first episode_start that names
-// `"harness": "pi"`, then calls `load(modulesDir)` once and `runEpisode(...)`
-// for every pi episode. The pi packages are imported by absolute file URL from
-// the node_modules directory named by WMO_PI_MODULES (ESM ignores NODE_PATH).
+// `"harness": "pi"`, then calls `load(bundleFile)` once and `runEpisode(...)`
+// for every pi episode. pi comes from one file, the bundle named by
+// WMO_PI_BUNDLE (runner/pi/entry.mjs and what it imports, built on the host by
+// runner/pi/build.mjs; the runner checked its digest before hello): one module
+// to read and link instead of the ~700 files of a node_modules tree.
 //
 // The model bridge is pi's `streamFn` hook: no HTTP server, no provider SDK, no
 // credential (pi is handed a dummy key that nothing reads). Our stream function
@@ -18,8 +20,6 @@
 // reasons, and `done.turns` = model calls. Nothing per episode accumulates at module level
 // (only the last episode's tool list is kept, to reuse its compiled schemas).
 
-import { readFileSync, realpathSync } from "node:fs";
-import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 
 import {
@@ -35,7 +35,7 @@ import {
 import { normalizeTools } from "./tool_specs.mjs";
 import { answerText } from "./values.mjs";
 
-// The modules, once loaded: { core, ai, version }.
+// The bundle's exports, once loaded: { runAgentLoop, createAssistantMessageEventStream }.
 var pi = null;
 
 // Tool-call argument objects that stand in for arguments the model sent as
@@ -53,61 +53,17 @@ var toolCache = { key: null, schemas: null };
 
 var SUBMITTED_NOTE = "Not run: the final answer was already submitted.";
 
-function readPackageJson(modulesDir, name) {
-  var file = join(modulesDir, name, "package.json");
-  var text;
-  try {
-    text = readFileSync(file, "utf8");
-  } catch (e) {
-    throw new Error("pi package " + name + " is not installed in " + modulesDir + " (" + (e && e.code ? e.code : String(e)) + ")");
-  }
-  try {
-    return JSON.parse(text);
-  } catch (e) {
-    throw new Error(file + " is not valid JSON: " + e.message);
-  }
-}
-
-// The ESM entry point of an installed package, from its package.json.
-function entryUrl(modulesDir, name) {
-  var pkg = readPackageJson(modulesDir, name);
-  var rel = null;
-  var exp = pkg.exports;
-  if (typeof exp === "string") rel = exp;
-  else if (exp && typeof exp === "object") {
-    var dot = Object.prototype.hasOwnProperty.call(exp, ".") ? exp["."] : exp;
-    if (typeof dot === "string") rel = dot;
-    else if (dot && typeof dot === "object") rel = dot.import || dot.default || null;
-  }
-  if (typeof rel !== "string") rel = typeof pkg.main === "string" ? pkg.main : "index.js";
-  return { url: pathToFileURL(join(modulesDir, name, rel)).href, version: String(pkg.version) };
-}
-
-// Imports both pi packages from `modulesDir` (a node_modules directory). Safe
-// to call again; the modules load once.
-export async function load(modulesDir) {
+// Imports the pi bundle (a file path). Safe to call again; it loads once.
+export async function load(bundleFile) {
   if (pi !== null) return pi;
-  if (typeof modulesDir !== "string" || modulesDir === "") {
-    throw new Error("the pi harness is not enabled: WMO_PI_MODULES is not set");
+  if (typeof bundleFile !== "string" || bundleFile === "") {
+    throw new Error("the pi harness is not enabled: WMO_PI_BUNDLE is not set");
   }
-  var dir;
-  try {
-    // the real path, so our URLs equal the ones Node resolves for pi's own imports
-    dir = realpathSync(modulesDir);
-  } catch (e) {
-    throw new Error("WMO_PI_MODULES=" + modulesDir + " is not a readable directory (" + (e && e.code ? e.code : String(e)) + ")");
+  var mod = await import(pathToFileURL(bundleFile).href);
+  for (var name of ["runAgentLoop", "createAssistantMessageEventStream"]) {
+    if (typeof mod[name] !== "function") throw new Error("the pi bundle " + bundleFile + " has no " + name + " export");
   }
-  var aiEntry = entryUrl(dir, "@mariozechner/pi-ai");
-  var coreEntry = entryUrl(dir, "@mariozechner/pi-agent-core");
-  var ai = await import(aiEntry.url);
-  var core = await import(coreEntry.url);
-  if (typeof core.runAgentLoop !== "function") {
-    throw new Error("@mariozechner/pi-agent-core " + coreEntry.version + " has no runAgentLoop export");
-  }
-  if (typeof ai.createAssistantMessageEventStream !== "function") {
-    throw new Error("@mariozechner/pi-ai " + aiEntry.version + " has no createAssistantMessageEventStream export");
-  }
-  pi = { core: core, ai: ai, version: coreEntry.version, aiVersion: aiEntry.version };
+  pi = mod;
   return pi;
 }
 
@@ -237,7 +193,7 @@ function makeStreamFn(ep) {
   var kit = ep.kit;
   var episode = ep.episode;
   return async function wmoStream(model, context, options) {
-    var stream = pi.ai.createAssistantMessageEventStream();
+    var stream = pi.createAssistantMessageEventStream();
     var out = newAssistantMessage(model);
     var reply;
     try {
@@ -498,7 +454,7 @@ export async function runEpisode(episode, kit) {
   var context = { systemPrompt: s.system, messages: [], tools: tools };
   var prompt = { role: "user", content: s.instruction, timestamp: Date.now() };
 
-  var produced = await pi.core.runAgentLoop([prompt], context, config, noEmit, undefined, makeStreamFn(ep));
+  var produced = await pi.runAgentLoop([prompt], context, config, noEmit, undefined, makeStreamFn(ep));
   if (episode.ended) return;
 
   var last = null;

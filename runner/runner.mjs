@@ -11,8 +11,9 @@
 // Harnesses, chosen by episode_start.harness: "builtin" (or absent, with no
 // files) runs the loop of loop.mjs; files holding agent.mjs run a user harness
 // (user_harness.mjs); "pi" runs the real pi agent loop from pi_harness.mjs,
-// enabled when WMO_PI_MODULES names a node_modules directory holding the pi
-// packages. pi is imported at the first pi episode, never before hello. An
+// enabled when WMO_PI_BUNDLE names the pi bundle (one ES module holding the pi
+// packages) and WMO_PI_BUNDLE_SHA256 its digest. pi is imported at the first pi
+// episode, never before hello. An
 // episode_start naming a harness this runner cannot run, or carrying files or
 // tool specs it cannot use, ends in episode_error, never in another harness.
 
@@ -46,10 +47,18 @@ function diag(message) {
 }
 
 var DEFAULT_MAX_TURNS = 20;
-// The node_modules directory holding the pi packages, when the host enabled
-// the pi harness. Nothing of pi is loaded before the first pi episode.
-var PI_MODULES = typeof process.env.WMO_PI_MODULES === "string" && process.env.WMO_PI_MODULES !== "" ? process.env.WMO_PI_MODULES : null;
+// The pi bundle, when the host enabled the pi harness, and the sha256 (hex) the
+// host built it with. Nothing of pi is loaded before the first pi episode.
+var PI_BUNDLE = envText("WMO_PI_BUNDLE");
+var PI_BUNDLE_SHA256 = envText("WMO_PI_BUNDLE_SHA256");
 var PI_MIN_NODE_MAJOR = 20;
+// The most of a bundle read to check it (the host caps its own at 8 MiB).
+var PI_MAX_BUNDLE_BYTES = 8 * 1024 * 1024;
+
+function envText(name) {
+  var v = process.env[name];
+  return typeof v === "string" && v !== "" ? v : null;
+}
 
 // ---------------------------------------------------------------------------
 // Process-wide state. Per-episode state lives on the episode object, which is
@@ -135,7 +144,7 @@ function chooseHarness(name, files) {
     return JSON.stringify(p);
   }).join(", ") + (paths.length > 5 ? ", ..." : "");
   var hasAgent = paths.indexOf("agent.mjs") !== -1;
-  var piNote = PI_MODULES === null ? "" : piUnavailable === null ? ", pi" : "";
+  var piNote = PI_BUNDLE === null ? "" : piUnavailable === null ? ", pi" : "";
   if (name === undefined || name === null || name === "user") {
     if (hasAgent) return "user";
     if (paths.length > 0) {
@@ -350,41 +359,54 @@ async function runUserHarness(episode) {
 }
 
 // ---------------------------------------------------------------------------
-// pi harness (pi_harness.mjs; the pi packages in WMO_PI_MODULES)
+// pi harness (pi_harness.mjs; the pi packages in the bundle WMO_PI_BUNDLE)
 
 // What pi_harness.mjs may use of the runner. One object for the process.
 var PI_KIT = { request: request, sendDone: sendDone, diag: diag };
 
 var loadPi = lazyImport("./pi_harness.mjs", function (mod) {
-  return mod.load(PI_MODULES).then(function () {
+  return mod.load(PI_BUNDLE).then(function () {
     return mod;
   });
 });
 
 async function runPiHarness(episode) {
-  if (PI_MODULES === null) {
-    throw new Error("the pi harness is not enabled in this runner (WMO_PI_MODULES is not set)");
+  if (PI_BUNDLE === null) {
+    throw new Error("the pi harness is not enabled in this runner (WMO_PI_BUNDLE is not set)");
   }
   if (piUnavailable !== null) throw new Error("the pi harness cannot run here: " + piUnavailable);
   var mod = await loadPi();
   await mod.runEpisode(episode, PI_KIT);
 }
 
-// Reads the installed pi version without importing pi. Returns
-// {version} or {error}.
+// Checks the bundle without importing it: its sha256 (against the host's, when
+// given) and the pi version its first line names. Returns {version, sha256}, or
+// {error} with the sha256 when the file could be read.
 async function probePi() {
   if (!(nodeMajor() >= PI_MIN_NODE_MAJOR)) {
     return { error: "pi needs Node.js >= " + PI_MIN_NODE_MAJOR + " (found " + process.version + ")" };
   }
-  var file = PI_MODULES.replace(/\/+$/, "") + "/@mariozechner/pi-agent-core/package.json";
+  var file = PI_BUNDLE;
+  var bytes;
   try {
     var fs = await import("node:fs");
-    var pkg = JSON.parse(fs.readFileSync(file, "utf8"));
-    if (typeof pkg.version !== "string") return { error: file + " has no version" };
-    return { version: pkg.version };
+    var size = fs.statSync(file).size;
+    if (size > PI_MAX_BUNDLE_BYTES) return { error: "the pi bundle " + file + " is " + size + " bytes, over " + PI_MAX_BUNDLE_BYTES };
+    bytes = fs.readFileSync(file);
   } catch (e) {
-    return { error: "cannot read " + file + ": " + (e && e.code ? e.code : String(e && e.message ? e.message : e)) };
+    return { error: "cannot read the pi bundle " + file + ": " + (e && e.code ? e.code : String(e && e.message ? e.message : e)) };
   }
+  var crypto = await import("node:crypto");
+  var sha256 = crypto.createHash("sha256").update(bytes).digest("hex");
+  if (PI_BUNDLE_SHA256 !== null && sha256 !== PI_BUNDLE_SHA256.toLowerCase()) {
+    return { error: "the pi bundle " + file + " has sha256 " + sha256 + ", not " + PI_BUNDLE_SHA256, sha256: sha256 };
+  }
+  // The build's banner: "// wmo-e2b pi bundle: @mariozechner/pi-agent-core@<v> ..."
+  var end = bytes.indexOf(10);
+  var first = bytes.subarray(0, end < 0 ? Math.min(bytes.length, 4096) : Math.min(end, 4096)).toString("utf8");
+  var m = /^\/\/ wmo-e2b pi bundle: @mariozechner\/pi-agent-core@(\S+)/.exec(first);
+  if (m === null) return { error: file + " is not a wmo-e2b pi bundle (its first line names no pi version)", sha256: sha256 };
+  return { version: m[1], sha256: sha256 };
 }
 
 // ---------------------------------------------------------------------------
@@ -430,18 +452,19 @@ function hello(extra) {
   send(frame);
 }
 
-if (PI_MODULES === null) {
+if (PI_BUNDLE === null) {
   hello({});
 } else {
-  // pi enabled: say which version is installed (read from its package.json,
-  // not imported), or why it cannot run.
+  // pi enabled: say which version the bundle holds and its digest (checked, not
+  // imported), or why it cannot run.
   probePi().then(function (found) {
+    var digest = found.sha256 !== undefined ? { pi_bundle_sha256: found.sha256 } : {};
     if (found.version !== undefined) {
-      hello({ harnesses: ["builtin", "pi"], pi_version: found.version });
+      hello(Object.assign({ harnesses: ["builtin", "pi"], pi_version: found.version }, digest));
     } else {
       piUnavailable = found.error;
       diag("the pi harness is unavailable: " + found.error);
-      hello({ harnesses: ["builtin"], pi_error: found.error });
+      hello(Object.assign({ harnesses: ["builtin"], pi_error: found.error }, digest));
     }
   });
 }

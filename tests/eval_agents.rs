@@ -473,5 +473,16 @@ fn the_pi_harness_runs_episodes_end_to_end() {
         .find(|f| f["type"] == "episode_start")
         .unwrap();
     assert_eq!(start["harness"], "pi");
+    // provenance names the one file the sandboxes ran
+    let bundle = wmo_e2b::runner::pi::find_installed(&env.home())
+        .unwrap()
+        .unwrap()
+        .bundle;
+    let p = &env.result("pi-submit")["provenance"];
+    assert_eq!(
+        p["harness"],
+        format!("pi@{}", wmo_e2b::runner::pi::PI_VERSION)
+    );
+    assert_eq!(p["harness_digest"], bundle.digest(), "{p}");
     assert!(env.live_sandboxes().is_empty());
 }

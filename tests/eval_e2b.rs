@@ -190,16 +190,102 @@ fn a_fault_injected_run_records_every_task_and_leaves_nothing_running() {
     assert!(emu.live().is_empty(), "{:?}", emu.live());
 }
 
+/// Processes named npm that run in the sandboxes of one template (envd gives each process
+/// `E2B_TEMPLATE_ID`), seen by reading the host's /proc every few milliseconds: a sandbox's
+/// processes are the host's too. An `npm install` lasts seconds, so none goes unseen.
+struct NpmWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<String>>,
+}
+
+impl NpmWatch {
+    fn start(template: &str) -> NpmWatch {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let env_line = format!("E2B_TEMPLATE_ID={template}");
+        let thread = std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeMap::new();
+            while !flag.load(Ordering::SeqCst) {
+                for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                    let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                        continue;
+                    };
+                    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                        continue;
+                    };
+                    let argv: Vec<String> = cmdline
+                        .split(|b| *b == 0)
+                        .filter(|a| !a.is_empty())
+                        .map(|a| String::from_utf8_lossy(a).into_owned())
+                        .collect();
+                    // `npm ...` (or npm's own process title), or `node .../npm-cli.js ...`
+                    let named = |arg: Option<&String>, names: &[&str]| {
+                        arg.and_then(|a| a.split(' ').next())
+                            .and_then(|a| a.rsplit('/').next())
+                            .is_some_and(|base| names.contains(&base))
+                    };
+                    if !named(argv.first(), &["npm"]) && !named(argv.get(1), &["npm", "npm-cli.js"])
+                    {
+                        continue;
+                    }
+                    let ours = std::fs::read(format!("/proc/{pid}/environ"))
+                        .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == env_line.as_bytes()));
+                    if ours {
+                        seen.insert(pid, argv.join(" "));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            seen.into_values().collect()
+        });
+        NpmWatch { stop, thread }
+    }
+
+    /// The command lines seen, one per process.
+    fn stop(self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().unwrap()
+    }
+}
+
+/// pi on E2B with no npm in any sandbox: the host builds the bundle (here, the shared cache
+/// in `target/pi-cache`), the bootstrap uploads that one file, and the runner runs the real
+/// pi loop from it. The task itself starts one process named npm (a `sleep` under that
+/// name), which shows that the watch sees what runs in the sandbox; it is the only one.
 #[test]
-fn the_pi_harness_is_installed_inside_e2b_sandboxes() {
+fn the_pi_harness_runs_on_e2b_from_the_uploaded_bundle_and_no_npm_runs() {
     let env = Env::new();
+    support::share_pi_install(&env);
     let emu = Emulator::start(&env.path("emu"), &[]);
-    let tasks = env.write_tasks(&[r#"{"id": "pi", "instruction": "x", "model_script": [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}]}, {"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]}]}"#.to_string()]);
-    let o = eval(&env, &emu, &tasks, &["--harness", "pi"]);
+    let template = format!("wmo-pi-no-npm-{}", std::process::id());
+    let decoy =
+        r#"{"tool_calls": [{"name": "bash", "arguments": {"command": "exec -a npm sleep 1"}}]}"#;
+    let submit = r#"{"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]}"#;
+    let tasks = env.write_tasks(&[format!(
+        r#"{{"id": "pi", "instruction": "x", "model_script": [{decoy}, {submit}]}}"#
+    )]);
+    let watch = NpmWatch::start(&template);
+    let o = eval(
+        &env,
+        &emu,
+        &tasks,
+        &["--harness", "pi", "--template", &template],
+    );
+    let npm_seen = watch.stop();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let r = &env.results()[0];
     assert_eq!(r["status"], "passed", "{r}");
     assert_eq!(r["turns"], 2, "{r}");
+    assert_eq!(npm_seen, ["npm 1"], "npm ran in a sandbox of the run");
+    // provenance names the bundle the sandbox ran
+    let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pi-cache");
+    let bundle = wmo_e2b::runner::pi::find_installed(&cache)
+        .unwrap()
+        .unwrap()
+        .bundle;
+    assert_eq!(r["provenance"]["harness_digest"], bundle.digest(), "{r}");
+    assert_eq!(r["provenance"]["template"], template.as_str(), "{r}");
     assert!(emu.live().is_empty());
 }
 

@@ -1,20 +1,36 @@
-//! The E2B template recipe prebakes exactly what the bootstrap looks for.
+//! The E2B template recipe bakes exactly what the bootstrap looks for, from the inputs the
+//! host builds its own bundle from.
+
+use std::path::Path;
 
 use wmo_e2b::runner::pi;
 
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)).unwrap()
+}
+
 #[test]
-fn the_template_pins_the_pi_version_and_path_the_bootstrap_uses() {
-    let recipe = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("scripts/e2b-template/e2b.Dockerfile"),
-    )
-    .unwrap();
-    for spec in pi::specs() {
-        assert!(recipe.contains(&spec), "the recipe does not install {spec}");
+fn the_template_bakes_the_bundle_where_the_bootstrap_looks_from_the_same_inputs() {
+    let recipe = read("scripts/e2b-template/e2b.Dockerfile");
+    let build = read("scripts/e2b-template/build.sh");
+    for (name, _) in pi::BUILD_INPUTS {
+        assert!(
+            build.contains(&format!("../../runner/pi/{name}")),
+            "build.sh does not copy runner/pi/{name} into the build context"
+        );
     }
-    let dir = pi::TEMPLATE_PI_MODULES.trim_end_matches("/node_modules");
+    assert!(recipe.contains("COPY pi/ /tmp/wmo-pi-build/"), "{recipe}");
     assert!(
-        recipe.contains(&format!("cd {dir}")),
-        "the recipe installs elsewhere than {dir}"
+        recipe.contains(&format!("npm {}", pi::NPM_CI_ARGS.join(" "))),
+        "the recipe does not install the locked inputs as the host does"
+    );
+    assert!(
+        recipe.contains(&format!("node build.mjs {}", pi::TEMPLATE_PI_BUNDLE)),
+        "the recipe bakes the bundle elsewhere than {}",
+        pi::TEMPLATE_PI_BUNDLE
+    );
+    assert_eq!(
+        pi::TEMPLATE_PI_BUNDLE,
+        format!("{}/{}", pi::SANDBOX_PI_DIR, pi::BUNDLE_FILE)
     );
 }

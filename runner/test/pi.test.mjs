@@ -1,90 +1,98 @@
-// The pi harness (runner/pi_harness.mjs) against the real pi packages.
+// The pi harness (runner/pi_harness.mjs) against the real pi packages, bundled.
 //
-// The packages are installed once into target/pi-cache (the layout and marker of
-// the host's installer, src/runner/pi.rs, at the version pinned there), and reused
-// by later runs. Set WMO_PI_MODULES to an existing node_modules directory holding
-// them to skip the install. If they cannot be installed (no npm, registry down),
-// these tests fail, saying why; they never skip.
+// The bundle is built once into target/pi-cache (the layout, inputs and marker of
+// the host's builder, src/runner/pi/build.rs: `npm ci` of runner/pi/package-lock.json,
+// then `node build.mjs`, then node_modules removed), and reused by later runs, the
+// Rust tests' too. Set WMO_PI_BUNDLE to an existing bundle to skip the build. If it
+// cannot be built (no npm, registry down), these tests fail, saying why; they never
+// skip.
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 import { EPISODE_HELLO, FLAT_TOOLS, NUDGE_TAIL, TOOLS, Runner, completion, episodeStart, reply, startRunner, strip, toolCall, toolReply } from "./frames.test.mjs";
 
 const REPO = fileURLToPath(new URL("../../", import.meta.url));
 const PACKAGES = ["@mariozechner/pi-agent-core", "@mariozechner/pi-ai"];
+const INPUTS = ["package.json", "package-lock.json", "entry.mjs", "build.mjs"];
+const BUNDLE = "pi.mjs";
 const MARKER = ".wmo-installed";
 
-function pinnedVersion() {
+function pinned(name) {
   const src = readFileSync(join(REPO, "src/runner/pi.rs"), "utf8");
-  const m = /pub const PI_VERSION: &str = "([^"]+)";/.exec(src);
-  if (!m) throw new Error("src/runner/pi.rs has no PI_VERSION constant");
+  const m = new RegExp(`pub const ${name}: &str = "([^"]+)";`).exec(src);
+  if (!m) throw new Error(`src/runner/pi.rs has no ${name} constant`);
   return m[1];
 }
 
-function installedVersion(modules, pkg) {
-  return JSON.parse(readFileSync(join(modules, pkg, "package.json"), "utf8")).version;
+const sha256 = (bytes) => createHash("sha256").update(bytes).digest("hex");
+
+// The marker's lines naming the inputs, as src/runner/pi/build.rs writes them.
+function inputsText(version) {
+  const specs = [...PACKAGES.map((p) => `${p}@${version}`), `esbuild@${pinned("ESBUILD_VERSION")}`];
+  const digests = INPUTS.map((n) => `sha256:${sha256(readFileSync(join(REPO, "runner/pi", n)))} ${n}`);
+  return [...specs, ...digests].map((l) => l + "\n").join("");
 }
 
-// The node_modules directory holding pi, installing it into target/pi-cache
-// first when needed. Throws (never skips) when that is impossible.
-function ensurePiModules() {
-  const version = pinnedVersion();
-  const override = process.env.WMO_PI_MODULES;
-  if (override) {
-    for (const pkg of PACKAGES) {
-      if (!existsSync(join(override, pkg, "package.json"))) {
-        throw new Error(`WMO_PI_MODULES=${override} holds no ${pkg}`);
-      }
-    }
-    return { modules: override, version: installedVersion(override, PACKAGES[0]), installedNow: false };
+function run(cmd, args, cwd, what) {
+  const r = spawnSync(cmd, args, { cwd, encoding: "utf8", timeout: 600_000, env: { ...process.env, npm_config_update_notifier: "false" } });
+  if (r.error) throw new Error(`cannot run ${cmd} to ${what} for the pi tests: ${r.error.message}`);
+  if (r.status !== 0) {
+    throw new Error(`${cmd} ${args.join(" ")} failed (status ${r.status}, signal ${r.signal}) while trying to ${what}; stderr (tail):\n${(r.stderr || "").slice(-3000)}`);
   }
-  const specs = PACKAGES.map((p) => `${p}@${version}`);
-  const markerText = specs.join("\n") + "\n";
+  return r.stdout;
+}
+
+// The pi bundle, building it into target/pi-cache first when needed. Throws
+// (never skips) when that is impossible.
+function ensurePiBundle() {
+  const version = pinned("PI_VERSION");
+  const override = process.env.WMO_PI_BUNDLE;
+  if (override) {
+    return { file: override, sha256: sha256(readFileSync(override)), version, builtNow: false };
+  }
   const npmDir = join(REPO, "target", "pi-cache", "npm");
   const dir = join(npmDir, `pi-${version}`);
-  const complete = () => {
+  const inputs = inputsText(version);
+  const found = () => {
     try {
-      return readFileSync(join(dir, MARKER), "utf8") === markerText && existsSync(join(dir, "node_modules"));
-    } catch {
-      return false;
+      const marker = readFileSync(join(dir, MARKER), "utf8");
+      const m = /^sha256:([0-9a-f]{64}) pi\.mjs\n$/.exec(marker.startsWith(inputs) ? marker.slice(inputs.length) : "");
+      if (m === null) return null;
+      const actual = sha256(readFileSync(join(dir, BUNDLE)));
+      if (actual !== m[1]) throw new Error(`${join(dir, BUNDLE)} has sha256 ${actual}, not the ${m[1]} it was built with: remove ${dir}`);
+      return { file: join(dir, BUNDLE), sha256: actual, version };
+    } catch (e) {
+      if (e && e.code === "ENOENT") return null;
+      throw e;
     }
   };
-  if (complete()) return { modules: join(dir, "node_modules"), version, installedNow: false };
+  const done = found();
+  if (done !== null) return { ...done, builtNow: false };
 
   mkdirSync(npmDir, { recursive: true });
   const tmp = mkdtempSync(join(npmDir, `.pi-${version}.nodetest.`));
   try {
-    writeFileSync(join(tmp, "package.json"), '{\n  "name": "wmo-e2b-pi-cache",\n  "private": true\n}\n');
-    const npm = spawnSync("npm", ["install", "--no-audit", "--no-fund", "--ignore-scripts", "--save-exact", ...specs], {
-      cwd: tmp,
-      encoding: "utf8",
-      timeout: 600_000,
-      env: { ...process.env, npm_config_update_notifier: "false" },
-    });
-    if (npm.error) {
-      throw new Error(`cannot run npm to install ${specs.join(" ")} for the pi tests: ${npm.error.message}`);
-    }
-    if (npm.status !== 0) {
-      throw new Error(
-        `npm install ${specs.join(" ")} failed (status ${npm.status}, signal ${npm.signal}); ` +
-          `the pi tests need the npm registry once. npm stderr (tail):\n${(npm.stderr || "").slice(-3000)}`
-      );
-    }
+    for (const n of INPUTS) writeFileSync(join(tmp, n), readFileSync(join(REPO, "runner/pi", n)));
+    run("npm", ["ci", "--no-audit", "--no-fund", "--ignore-scripts", "--include=optional"], tmp, "install the pi bundle's inputs (the npm registry, once)");
+    const report = run("node", ["build.mjs", BUNDLE], tmp, "bundle pi");
+    const versions = JSON.parse(report).versions;
     for (const pkg of PACKAGES) {
-      const found = installedVersion(join(tmp, "node_modules"), pkg);
-      if (found !== version) throw new Error(`npm installed ${pkg}@${found}, not ${version}`);
+      if (versions[pkg] !== version) throw new Error(`the bundle holds ${pkg}@${versions[pkg]}, not ${version}`);
     }
-    writeFileSync(join(tmp, MARKER), markerText);
+    writeFileSync(join(tmp, "bundle.json"), report);
+    rmSync(join(tmp, "node_modules"), { recursive: true, force: true });
+    writeFileSync(join(tmp, MARKER), inputs + `sha256:${sha256(readFileSync(join(tmp, BUNDLE)))} ${BUNDLE}\n`);
     try {
       renameSync(tmp, dir);
     } catch (e) {
-      if (!complete()) {
+      if (found() === null) {
         // an incomplete directory in the way: replace it
         rmSync(dir, { recursive: true, force: true });
         renameSync(tmp, dir);
@@ -93,8 +101,9 @@ function ensurePiModules() {
   } finally {
     rmSync(tmp, { recursive: true, force: true });
   }
-  if (!complete()) throw new Error(`the pi install in ${dir} is incomplete after installing`);
-  return { modules: join(dir, "node_modules"), version, installedNow: true };
+  const built = found();
+  if (built === null) throw new Error(`the pi bundle in ${dir} is incomplete after building`);
+  return { ...built, builtNow: true };
 }
 
 let piPromise = null;
@@ -102,17 +111,29 @@ function pi() {
   if (piPromise === null) {
     piPromise = Promise.resolve().then(() => {
       const t0 = Date.now();
-      const found = ensurePiModules();
-      found.installMs = Date.now() - t0;
+      const found = ensurePiBundle();
+      found.buildMs = Date.now() - t0;
       return found;
     });
   }
   return piPromise;
 }
 
+const bundleEnv = (b) => ({ WMO_PI_BUNDLE: b.file, WMO_PI_BUNDLE_SHA256: b.sha256 });
+
 async function startPiRunner(t, env = {}) {
-  const { modules } = await pi();
-  return startRunner(t, { env: { WMO_PI_MODULES: modules, ...env } });
+  const bundle = await pi();
+  return startRunner(t, { env: { ...bundleEnv(bundle), ...env } });
+}
+
+// A stand-in bundle (banner naming `version`, then `body`), written to a fresh
+// directory: its path and digest.
+function fakeBundle(t, body, version = "9.9.9") {
+  const dir = mkdtempSync(join(tmpdir(), "wmo-pi-fake-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const file = join(dir, BUNDLE);
+  writeFileSync(file, `// wmo-e2b pi bundle: @mariozechner/pi-agent-core@${version} @mariozechner/pi-ai@${version}\n${body}\n`);
+  return { file, sha256: sha256(readFileSync(file)), dir };
 }
 
 function piStart(id, overrides = {}) {
@@ -138,29 +159,66 @@ const ms = (a, b) => Number(b - a) / 1e6;
 
 // ---------------------------------------------------------------------------
 
-test("the pinned pi packages are installed (or WMO_PI_MODULES names them)", async (t) => {
+test("the pinned pi packages are bundled (or WMO_PI_BUNDLE names a bundle)", async (t) => {
   const found = await pi();
-  t.diagnostic(`pi ${found.version} in ${found.modules} (${found.installedNow ? `installed now in ${found.installMs} ms` : "cached"})`);
-  for (const pkg of PACKAGES) assert.equal(installedVersion(found.modules, pkg), found.version);
+  t.diagnostic(`pi ${found.version} bundle ${found.file} sha256 ${found.sha256} (${found.builtNow ? `built now in ${found.buildMs} ms` : "cached"})`);
+  const first = readFileSync(found.file, "utf8").split("\n", 1)[0];
+  for (const pkg of PACKAGES) assert.ok(first.includes(`${pkg}@${found.version}`), first);
 });
 
-test("hello reports pi_version and the harnesses", async (t) => {
-  const { version } = await pi();
+test("the bundle is one module: only Node builtins outside it, exactly the harness's exports", async (t) => {
+  const { file } = await pi();
+  const text = readFileSync(file, "utf8");
+  // every static import and every literal dynamic import names a builtin
+  const specifiers = [...text.matchAll(/^\s*(?:import|export)\b[^;]*?\bfrom\s*["']([^"']+)["']/gm), ...text.matchAll(/\bimport\(\s*["']([^"']+)["']\s*\)/g)].map((m) => m[1]);
+  assert.deepEqual(specifiers.filter((s) => !s.startsWith("node:")), [], "imports outside the bundle");
+  assert.doesNotMatch(text, /from\s*["']@mariozechner\//);
+  const mod = await import(pathToFileURL(file).href);
+  assert.deepEqual(Object.keys(mod).sort(), ["createAssistantMessageEventStream", "runAgentLoop"]);
+});
+
+test("pi-ai's providers are stubs in the bundle: only the harness's streamFn can answer a model call", async (t) => {
+  const { file } = await pi();
+  const { runAgentLoop } = await import(pathToFileURL(file).href);
+  const model = { id: "m", name: "m", api: "openai-completions", provider: "openai", baseUrl: "http://127.0.0.1:9/v1", reasoning: false, input: ["text"], cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }, contextWindow: 1000, maxTokens: 10 };
+  const prompt = { role: "user", content: "hi", timestamp: Date.now() };
+  // no streamFn: pi falls back to its registered provider, which is not bundled
+  const produced = await runAgentLoop([prompt], { systemPrompt: "", messages: [], tools: [] }, { model, apiKey: "k", getApiKey: () => "k", convertToLlm: (m) => m }, () => {});
+  const last = produced[produced.length - 1];
+  assert.equal(last.stopReason, "error");
+  assert.match(last.errorMessage, /provider module \.\/openai-completions\.js is not in the wmo-e2b pi bundle/);
+});
+
+test("hello reports pi_version, the bundle's digest and the harnesses", async (t) => {
+  const { version, sha256: digest } = await pi();
   const r = await startPiRunner(t);
-  assert.deepEqual(strip(r.all[0]), { ...EPISODE_HELLO, harnesses: ["builtin", "pi"], pi_version: version });
+  assert.deepEqual(strip(r.all[0]), { ...EPISODE_HELLO, harnesses: ["builtin", "pi"], pi_version: version, pi_bundle_sha256: digest });
 });
 
-test("pi is not imported before hello: a fake install still says hello, then the pi episode fails clearly", async (t) => {
-  const dir = mkdtempSync(join(tmpdir(), "wmo-pi-fake-"));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
-  mkdirSync(join(dir, "@mariozechner/pi-agent-core"), { recursive: true });
-  writeFileSync(join(dir, "@mariozechner/pi-agent-core/package.json"), '{"version":"9.9.9"}');
-  const r = await startRunner(t, { env: { WMO_PI_MODULES: dir } });
+test("a bundle whose digest is not the host's is refused before hello, naming the file", async (t) => {
+  const real = await pi();
+  // truncated: what a torn copy looks like
+  const torn = fakeBundle(t, "");
+  writeFileSync(torn.file, readFileSync(real.file).subarray(0, 5000));
+  const r = await startRunner(t, { env: { WMO_PI_BUNDLE: torn.file, WMO_PI_BUNDLE_SHA256: real.sha256 } });
+  const hello = r.all[0];
+  assert.deepEqual(hello.harnesses, ["builtin"]);
+  assert.equal(hello.pi_version, undefined);
+  assert.equal(hello.pi_bundle_sha256, sha256(readFileSync(torn.file)));
+  assert.ok(hello.pi_error.includes(torn.file), hello.pi_error);
+  assert.match(hello.pi_error, new RegExp(`has sha256 ${hello.pi_bundle_sha256}, not ${real.sha256}`));
+  r.send(piStart("x1"));
+  assert.match((await r.next("episode_error")).note, /the pi harness cannot run here: the pi bundle/);
+});
+
+test("pi is not imported before hello: a bundle without pi's exports still says hello, then the pi episode fails clearly", async (t) => {
+  const fake = fakeBundle(t, "export const nothing = 1;");
+  const r = await startRunner(t, { env: bundleEnv(fake) });
   assert.equal(r.all[0].pi_version, "9.9.9");
   r.send(piStart("f1"));
   const err = await r.next("episode_error");
   assert.equal(err.episode_id, "f1");
-  assert.match(err.note, /@mariozechner\/pi-ai is not installed/);
+  assert.match(err.note, /the pi bundle .*pi\.mjs has no runAgentLoop export/);
   // the builtin harness still works in that runner
   r.send(episodeStart("f2"));
   const req = await r.next("llm_request");
@@ -168,30 +226,16 @@ test("pi is not imported before hello: a fake install still says hello, then the
   assert.equal((await r.next("done")).answer, "ok");
 });
 
-// A stand-in pi install whose modules record, in the file WMO_TEST_PI_MARKER
-// names, that they were imported. Its agent loop runs no turn.
-function recordingPiInstall(dir) {
-  const packages = {
-    "pi-agent-core": "export async function runAgentLoop() { return []; }",
-    "pi-ai": "export function createAssistantMessageEventStream() { return { push() {} }; }",
-  };
-  for (const [name, body] of Object.entries(packages)) {
-    const pkg = join(dir, "@mariozechner", name);
-    mkdirSync(pkg, { recursive: true });
-    writeFileSync(join(pkg, "package.json"), JSON.stringify({ name: "@mariozechner/" + name, version: "9.9.9", type: "module", exports: "./index.js" }));
-    writeFileSync(
-      join(pkg, "index.js"),
-      `import { appendFileSync } from "node:fs";\nappendFileSync(process.env.WMO_TEST_PI_MARKER, ${JSON.stringify(name + "\n")});\n${body}\n`
-    );
-  }
-}
-
 test("pi is imported at its first episode: hello and a builtin episode never wait for it", async (t) => {
-  const dir = mkdtempSync(join(tmpdir(), "wmo-pi-recording-"));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
-  recordingPiInstall(dir);
-  const marker = join(dir, "imported");
-  const r = await startRunner(t, { env: { WMO_PI_MODULES: dir, WMO_TEST_PI_MARKER: marker } });
+  // A stand-in bundle that records, in the file WMO_TEST_PI_MARKER names, that it was
+  // imported. Its agent loop runs no turn.
+  const fake = fakeBundle(
+    t,
+    'import { appendFileSync } from "node:fs";\nappendFileSync(process.env.WMO_TEST_PI_MARKER, "imported\\n");\n' +
+      "export async function runAgentLoop() { return []; }\nexport function createAssistantMessageEventStream() { return { push() {} }; }"
+  );
+  const marker = join(fake.dir, "imported");
+  const r = await startRunner(t, { env: { ...bundleEnv(fake), WMO_TEST_PI_MARKER: marker } });
   assert.equal(r.all[0].pi_version, "9.9.9");
   r.send(episodeStart("b1"));
   reply(r, await r.next("llm_request"), completion({ toolCalls: [submitCall("s", "ok")] }));
@@ -199,22 +243,29 @@ test("pi is imported at its first episode: hello and a builtin episode never wai
   assert.equal(existsSync(marker), false, "pi was imported before its first episode");
   r.send(piStart("p1"));
   assert.deepEqual(strip(await r.next("done")), { type: "done", episode_id: "p1", reason: "no_tool_call", answer: "", turns: 0 });
-  assert.deepEqual(readFileSync(marker, "utf8").split("\n").filter(Boolean).sort(), ["pi-agent-core", "pi-ai"]);
+  r.send(piStart("p2"));
+  await r.next("done");
+  assert.equal(readFileSync(marker, "utf8"), "imported\n", "imported once");
 });
 
-test("WMO_PI_MODULES naming nothing: hello says why, a pi episode is refused", async (t) => {
-  const r = await startRunner(t, { env: { WMO_PI_MODULES: "/nonexistent/wmo-pi" } });
+test("WMO_PI_BUNDLE naming nothing, or not a bundle: hello says why, a pi episode is refused", async (t) => {
+  const r = await startRunner(t, { env: { WMO_PI_BUNDLE: "/nonexistent/wmo-pi/pi.mjs" } });
   const hello = r.all[0];
   assert.deepEqual(hello.harnesses, ["builtin"]);
   assert.equal(hello.pi_version, undefined);
-  assert.match(hello.pi_error, /cannot read .*pi-agent-core\/package\.json: ENOENT/);
+  assert.match(hello.pi_error, /cannot read the pi bundle \/nonexistent\/wmo-pi\/pi\.mjs: ENOENT/);
   r.send(piStart("n1"));
   const err = await r.next("episode_error");
   assert.match(err.note, /the pi harness cannot run here/);
+
+  const fake = fakeBundle(t, "");
+  writeFileSync(fake.file, "export {};\n");
+  const r2 = await startRunner(t, { env: { WMO_PI_BUNDLE: fake.file } });
+  assert.match(r2.all[0].pi_error, /is not a wmo-e2b pi bundle/);
 });
 
-test("without WMO_PI_MODULES a pi episode is an episode_error; an unknown harness too", async (t) => {
-  const r = await startRunner(t, { env: { WMO_PI_MODULES: "" } });
+test("without WMO_PI_BUNDLE a pi episode is an episode_error; an unknown harness too", async (t) => {
+  const r = await startRunner(t, { env: { WMO_PI_BUNDLE: "" } });
   assert.equal(r.all[0].harnesses, undefined);
   r.send(piStart("d1"));
   assert.match((await r.next("episode_error")).note, /pi harness is not enabled/);
@@ -465,11 +516,11 @@ test("a host without a submit tool still gets one; usage and ids are accepted", 
 // differ); that pi stays unloaded until its first episode is asserted above.
 
 test("timings: spawn-to-hello, first pi episode, warm per-episode overhead", async (t) => {
-  const { modules } = await pi();
+  const bundle = await pi();
   const hello = { builtin: [], pi: [] };
   for (let i = 0; i < 10; i++) {
     for (const kind of ["builtin", "pi"]) {
-      const r = new Runner({ env: kind === "pi" ? { WMO_PI_MODULES: modules } : { WMO_PI_MODULES: "" } });
+      const r = new Runner({ env: kind === "pi" ? bundleEnv(bundle) : { WMO_PI_BUNDLE: "" } });
       try {
         await r.hello();
         hello[kind].push(ms(r.spawnedAt, r.helloAt));
@@ -478,7 +529,7 @@ test("timings: spawn-to-hello, first pi episode, warm per-episode overhead", asy
       }
     }
   }
-  const r = new Runner({ env: { WMO_PI_MODULES: modules } });
+  const r = new Runner({ env: bundleEnv(bundle) });
   t.after(() => r.close());
   await r.hello();
   // one episode: episode_start -> llm_request (imports pi the first time) -> submit -> done

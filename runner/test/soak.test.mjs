@@ -71,7 +71,7 @@ test("hello comes first and unprompted, and needs no module that is loaded at fi
   for (const name of readdirSync(RUNNER_DIR)) {
     if (name.endsWith(".mjs") && !lazy.includes(name)) copyFileSync(join(RUNNER_DIR, name), join(dir, name));
   }
-  const r = await startRunner(t, { script: join(dir, "runner.mjs"), cwd: dir, env: { WMO_PI_MODULES: "" } });
+  const r = await startRunner(t, { script: join(dir, "runner.mjs"), cwd: dir, env: { WMO_PI_BUNDLE: "" } });
   assert.equal(r.all[0].type, "hello", "hello is the first frame, sent before any input");
   // the first user-harness episode is what loads its module
   r.send(episodeStart("u1", { files: { "agent.mjs": "export function runEpisode(ctx) { ctx.submit('x'); }" } }));

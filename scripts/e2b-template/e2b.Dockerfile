@@ -1,13 +1,19 @@
 # E2B template for wmo-e2b: E2B's base image (it ships Node.js 20, which the runner needs)
-# plus the pi agent packages, prebaked so no sandbox runs npm at bootstrap.
+# plus the pi bundle, baked at /opt/wmo-e2b/pi/pi.mjs, so no sandbox is sent it at bootstrap.
 # The runner itself is uploaded by wmo-e2b at bootstrap and needs nothing else.
+#
+# Build it with build.sh beside this file: it copies the bundle's build inputs (the
+# repository's runner/pi/) into pi/ here first. The inputs are those wmo-e2b builds its own
+# bundle from, so the bundle baked here has the same sha256, which the bootstrap checks
+# (a template baked from other inputs still works: its copy is ignored and the bundle is
+# uploaded instead).
 FROM e2bdev/base:latest
 
-# Keep these versions equal to PI_VERSION in src/runner/pi.rs (a test checks it).
+COPY pi/ /tmp/wmo-pi-build/
 RUN node --version \
+ && cd /tmp/wmo-pi-build \
+ && npm ci --no-audit --no-fund --ignore-scripts --include=optional \
  && mkdir -p /opt/wmo-e2b/pi \
- && cd /opt/wmo-e2b/pi \
- && printf '{"name":"wmo-e2b-pi","private":true,"type":"module"}\n' > package.json \
- && npm install --no-audit --no-fund --ignore-scripts --save-exact \
-      @mariozechner/pi-agent-core@0.73.1 @mariozechner/pi-ai@0.73.1 \
+ && node build.mjs /opt/wmo-e2b/pi/pi.mjs \
+ && cd / && rm -rf /tmp/wmo-pi-build \
  && chmod -R a+rX /opt/wmo-e2b

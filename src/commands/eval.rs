@@ -96,7 +96,8 @@ pub struct EvalArgs {
     #[arg(long, default_value = "120s", value_parser = super::bounds::duration)]
     request_timeout: Duration,
     /// What runs in the runner: `builtin` (its own tool-calling loop), `pi` (the real pi
-    /// agent loop, its npm packages installed once into a cache under the state dir), or a
+    /// agent loop, its npm packages bundled into one file once, in a cache under the state
+    /// dir, and that file sent to sandboxes), or a
     /// directory holding `agent.mjs` that exports `runEpisode(ctx)` (sent with every episode).
     #[arg(long, default_value = "builtin", value_name = "builtin|pi|DIR")]
     harness: String,
@@ -179,44 +180,42 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         EnvKind::WorldModel => Some(metered(make_provider(&args, &args.world_model)?)),
     };
 
-    // Local sandboxes share one install on the host; remote ones get pi inside themselves
-    // (prebaked by the template recipe, or installed at bootstrap).
-    let pi = matches!(plan.harness, Harness::Pi);
-    let pi_on_host = pi && args.backend == BackendKind::Local;
+    // The host builds pi's bundle once; local sandboxes see it through a read-only mount,
+    // remote ones get it placed at bootstrap (a template's baked copy, or an upload).
+    let pi = match plan.harness {
+        Harness::Pi => Some(
+            wmo_e2b::runner::pi::ensure_installed(&wmo_e2b::state::state_dir())
+                .context("cannot build the pi agent bundle")?,
+        ),
+        _ => None,
+    };
     let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &plan.run_id())
         .context("cannot open the lease ledger")?;
-    let mut pi_lock = None;
-    let (inner, pi_modules): (Arc<dyn Backend>, Option<PathBuf>) = match args.backend {
+    let (inner, pi_shipment): (Arc<dyn Backend>, _) = match args.backend {
         BackendKind::Local => {
             let mut local = LocalOptions {
                 isolation: args.local.isolation.into(),
                 ..LocalOptions::default()
             };
-            let install = if pi_on_host {
-                let install = wmo_e2b::runner::pi::ensure_installed(&wmo_e2b::state::state_dir())
-                    .context("cannot install the pi agent packages")?;
+            if let Some(install) = &pi {
                 local.system_read_only.push(install.local_mount());
-                pi_lock = install.lockfile();
-                Some(install)
-            } else {
-                None
-            };
+            }
             let backend = open_local(local)?;
-            let modules = install.map(|i| i.modules_seen_by(backend.isolation()));
-            (backend, modules)
+            let shipment = pi.as_ref().map(|i| i.local_shipment(backend.isolation()));
+            (backend, shipment)
         }
         BackendKind::E2b => (
             open_backend_with(args.backend, e2b_options(&args), LocalOptions::default())?,
-            None,
+            pi.as_ref().map(|i| i.placed_shipment()),
         ),
     };
-    let provenance = run_provenance(&args, &plan, pi_lock.as_deref(), skills.as_deref())?;
+    let pi_digest = pi.as_ref().map(|i| i.bundle.digest());
+    let provenance = run_provenance(&args, &plan, pi_digest.as_deref(), skills.as_deref())?;
     // Every sandbox of the run is leased before it is created.
     let backend: Arc<dyn Backend> = Arc::new(LeasedBackend::new(inner, ledger, "eval"));
     let bootstrap = BootstrapOpts {
         hello_timeout: args.hello_timeout,
-        pi_modules,
-        pi_in_sandbox: pi && !pi_on_host,
+        pi: pi_shipment,
         ..BootstrapOpts::default()
     };
     let pool = Arc::new(Pool::new(
@@ -288,12 +287,12 @@ fn e2b_options(args: &EvalArgs) -> wmo_e2b::sandbox::e2b::E2bOptions {
 fn run_provenance(
     args: &EvalArgs,
     plan: &plan::EvalPlan,
-    pi_lock: Option<&std::path::Path>,
+    pi_digest: Option<&str>,
     skills: Option<&wmo_e2b::skills::SkillSet>,
 ) -> Result<Provenance> {
     let tasks_digest = wmo_e2b::digest::sha256_file(&args.tasks)
         .with_context(|| format!("cannot read {}", args.tasks.display()))?;
-    let (harness, harness_digest) = provenance::harness_of(&plan.harness, pi_lock);
+    let (harness, harness_digest) = provenance::harness_of(&plan.harness, pi_digest);
     let scripted = args.model == "scripted";
     let p = Provenance {
         wmo_e2b: env!("CARGO_PKG_VERSION").to_string(),

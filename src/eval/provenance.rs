@@ -2,8 +2,6 @@
 //! another only if both say which build, runner, harness, environment, backend, model and
 //! tasks made them.
 
-use std::path::Path;
-
 use serde::Serialize;
 use serde_json::Value;
 
@@ -19,8 +17,9 @@ pub struct Provenance {
     pub runner: String,
     /// `builtin`, `pi@<version>` or `user`.
     pub harness: String,
-    /// sha256 of what the harness is: pi's lockfile (or its pinned specs where the host has
-    /// no install), a user harness's files; none for the builtin loop.
+    /// sha256 of what the harness is: pi's bundle (the one file its sandboxes run; its
+    /// pinned specs where the host built none), a user harness's files; none for the
+    /// builtin loop.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub harness_digest: Option<String>,
     /// `sandbox` or `world-model`.
@@ -48,15 +47,15 @@ pub struct TasksFile {
     pub line: Option<usize>,
 }
 
-/// The harness as provenance names it, and its digest. `pi_lock` is pi's lockfile where
-/// the host installed it (elsewhere the pinned specs stand for it).
-pub fn harness_of(harness: &Harness, pi_lock: Option<&Path>) -> (String, Option<String>) {
+/// The harness as provenance names it, and its digest. `pi_bundle` is the digest of pi's
+/// bundle (`sha256:<hex>`) where the host built it (elsewhere the pinned specs stand for
+/// it).
+pub fn harness_of(harness: &Harness, pi_bundle: Option<&str>) -> (String, Option<String>) {
     match harness {
         Harness::Builtin => ("builtin".into(), None),
         Harness::Pi => {
-            let lock = pi_lock.and_then(|p| std::fs::read(p).ok());
-            let digest = match lock {
-                Some(bytes) => sha256(&bytes),
+            let digest = match pi_bundle {
+                Some(digest) => digest.to_string(),
                 None => sha256(crate::runner::pi::specs().join("\n").as_bytes()),
             };
             (

@@ -7,7 +7,6 @@ pub mod pi;
 
 pub use assets::upload_runner_files;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,6 +70,15 @@ pub enum RunnerError {
     Protocol { found: String },
     #[error("the pi harness cannot run in sandbox {id}: {reason}")]
     PiUnavailable { id: String, reason: String },
+    #[error(
+        "the pi bundle {file} in sandbox {id} is corrupt: its sha256 is {found}, not {expected}"
+    )]
+    PiBundleDigest {
+        id: String,
+        file: String,
+        expected: String,
+        found: String,
+    },
 }
 
 impl RunnerError {
@@ -90,7 +98,8 @@ impl RunnerError {
             RunnerError::NodeMissing { .. }
             | RunnerError::NodeTooOld { .. }
             | RunnerError::Protocol { .. }
-            | RunnerError::PiUnavailable { .. } => false,
+            | RunnerError::PiUnavailable { .. }
+            | RunnerError::PiBundleDigest { .. } => false,
         }
     }
 }
@@ -103,15 +112,10 @@ pub struct BootstrapOpts {
     pub renewal: Option<LeaseRenewal>,
     /// Extra environment for the runner process.
     pub envs: Vec<(String, String)>,
-    /// The `node_modules` directory holding pi ([`pi::PiInstall::modules_dir`]), as the
-    /// sandbox sees it. When set, the bootstrap passes it to the runner as `WMO_PI_MODULES`,
-    /// enabling `"harness": "pi"` (whose module is among the runner files).
-    pub pi_modules: Option<PathBuf>,
-    /// Without `pi_modules`: make pi available inside the sandbox itself (a template that
-    /// prebaked it at [`pi::TEMPLATE_PI_MODULES`] is used as is; otherwise npm installs it
-    /// into the runner directory once per sandbox). For backends whose sandboxes cannot see
-    /// the host's install cache.
-    pub pi_in_sandbox: bool,
+    /// The pi bundle, enabling `"harness": "pi"` (whose module is among the runner files):
+    /// where the sandbox sees it, or placed into it by the bootstrap; the runner is given
+    /// its path and digest, and its hello must report that digest.
+    pub pi: Option<pi::PiShipment>,
 }
 
 impl Default for BootstrapOpts {
@@ -120,8 +124,7 @@ impl Default for BootstrapOpts {
             hello_timeout: DEFAULT_HELLO_TIMEOUT,
             renewal: None,
             envs: Vec::new(),
-            pi_modules: None,
-            pi_in_sandbox: false,
+            pi: None,
         }
     }
 }
@@ -149,19 +152,22 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
         source,
     })?;
     let mut envs = opts.envs.clone();
-    let in_sandbox = match (&opts.pi_modules, opts.pi_in_sandbox) {
-        (None, true) => Some(PathBuf::from(pi::install_in_sandbox(
-            sandbox.as_ref(),
-            &dir,
-        )?)),
-        _ => None,
+    // The pi bundle and where this runner finds it.
+    let shipped = match &opts.pi {
+        None => None,
+        Some(ship) => {
+            let file = match &ship.seen_at {
+                Some(seen) => seen.clone(),
+                None => pi::place_bundle(sandbox.as_ref(), &dir, &ship.bundle)?,
+            };
+            envs.push((pi::PI_BUNDLE_ENV.to_string(), file.clone()));
+            envs.push((
+                pi::PI_BUNDLE_SHA256_ENV.to_string(),
+                ship.bundle.sha256.clone(),
+            ));
+            Some((ship, file))
+        }
     };
-    if let Some(modules) = opts.pi_modules.as_ref().or(in_sandbox.as_ref()) {
-        envs.push((
-            pi::PI_MODULES_ENV.to_string(),
-            modules.to_string_lossy().into_owned(),
-        ));
-    }
     // `exec` so the runner is the process the sandbox reports, and its exit code is ours.
     // Command text never names absolute sandbox paths (the working directory is passed
     // separately), so it reads the same wherever a backend keeps the sandbox's home.
@@ -210,16 +216,11 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
                 .map_or_else(|| "none".to_string(), |v| v.to_string()),
         });
     }
-    if (opts.pi_modules.is_some() || opts.pi_in_sandbox) && hello.get("pi_version").is_none() {
-        let _ = sandbox.kill_process(pid);
-        return Err(RunnerError::PiUnavailable {
-            id,
-            reason: hello
-                .get("pi_error")
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or("its hello reports no pi_version")
-                .to_string(),
-        });
+    if let Some((ship, file)) = &shipped {
+        if let Err(e) = pi::check_hello(&hello, ship, file, &id) {
+            let _ = sandbox.kill_process(pid);
+            return Err(e);
+        }
     }
     Ok(Started { channel, hello })
 }

@@ -2,231 +2,131 @@
 //! run by the runner in place of its builtin loop, for episodes whose `episode_start` says
 //! `"harness": "pi"`.
 //!
-//! The host installs the pinned packages once into `<state_dir>/npm/pi-<version>/` with
-//! npm ([`ensure_installed`]) and bootstraps the runner with `WMO_PI_MODULES` naming that
-//! `node_modules` directory (see `BootstrapOpts::pi_modules`); a backend whose sandboxes
-//! cannot see the host's install gets pi inside the sandbox instead
-//! ([`install_in_sandbox`]). The runner imports pi lazily at its first pi episode, through
-//! `pi_harness.mjs`, one of the runner files uploaded next to `runner.mjs`.
+//! What a sandbox gets of pi is one file: an ES module bundling the pinned packages (and
+//! what they load), built once on the host by a pinned esbuild ([`ensure_installed`], into
+//! `<state_dir>/npm/pi-<version>/`). The runner is told where it is (`WMO_PI_BUNDLE`) and
+//! its sha256 (`WMO_PI_BUNDLE_SHA256`), checks the digest before its hello, and imports it
+//! lazily at its first pi episode, through `pi_harness.mjs`. A local sandbox sees the
+//! host's bundle through a read-only mount; any other gets it placed by the bootstrap
+//! ([`place_bundle`]): a template's baked copy when its digest matches, otherwise an upload,
+//! once per sandbox. No sandbox runs npm.
 
+mod build;
+mod bundle;
+mod command;
+mod error;
 mod install;
-mod npm;
 mod sandbox;
 
-use std::path::{Path, PathBuf};
-
+pub use build::{InstallOpts, DEFAULT_INSTALL_TIMEOUT, NPM_CI_ARGS};
+pub use bundle::{PiBundle, MAX_BUNDLE_BYTES};
+pub use error::PiError;
 pub use install::{ensure_installed, ensure_installed_with, find_installed, install_dir};
-pub use npm::{InstallOpts, PiError, DEFAULT_INSTALL_TIMEOUT};
-pub use sandbox::{install_in_sandbox, SANDBOX_INSTALL_TIMEOUT};
+pub use sandbox::{check_hello, place_bundle, uploaded_path};
 
 /// The exact version of both pi packages.
 pub const PI_VERSION: &str = "0.73.1";
 
-/// The packages installed, each at [`PI_VERSION`].
+/// The packages bundled, each at [`PI_VERSION`].
 pub const PI_PACKAGES: [&str; 2] = ["@mariozechner/pi-agent-core", "@mariozechner/pi-ai"];
 
-/// The runner's environment variable naming the `node_modules` directory holding pi.
-pub const PI_MODULES_ENV: &str = "WMO_PI_MODULES";
+/// The exact version of the bundler (esbuild, from npm; its platform binary is one of its
+/// optional dependencies, also from the npm registry).
+pub const ESBUILD_VERSION: &str = "0.28.2";
+
+/// The runner's environment variable naming the bundle file.
+pub const PI_BUNDLE_ENV: &str = "WMO_PI_BUNDLE";
+
+/// The runner's environment variable holding the bundle's sha256 (hex), which the runner
+/// checks before it says hello.
+pub const PI_BUNDLE_SHA256_ENV: &str = "WMO_PI_BUNDLE_SHA256";
+
+/// The bundle's file name in an install directory and in a template.
+pub const BUNDLE_FILE: &str = "pi.mjs";
 
 /// Where pi lives in a sandbox's system directory: the template recipe
-/// (`scripts/e2b-template/`) prebakes it there, and a local bwrap sandbox is shown the host's
-/// install there (read-only, to the runner only).
+/// (`scripts/e2b-template/`) bakes the bundle there, and a local bwrap sandbox is shown the
+/// host's install there (read-only, to the runner only).
 pub const SANDBOX_PI_DIR: &str = "/opt/wmo-e2b/pi";
 
-/// pi's `node_modules` under [`SANDBOX_PI_DIR`].
-pub const TEMPLATE_PI_MODULES: &str = "/opt/wmo-e2b/pi/node_modules";
+/// The bundle under [`SANDBOX_PI_DIR`].
+pub const TEMPLATE_PI_BUNDLE: &str = "/opt/wmo-e2b/pi/pi.mjs";
 
-/// The exact package specs, e.g. `@mariozechner/pi-ai@0.73.1`.
+/// What the bundle is built from, embedded in this binary and written into the build
+/// directory: the pins (`package.json`), every package's exact version and integrity
+/// (`package-lock.json`, so the same inputs give the same bundle), the bundle's entry point
+/// and the build script.
+pub const BUILD_INPUTS: [(&str, &str); 4] = [
+    ("package.json", include_str!("../../runner/pi/package.json")),
+    (
+        "package-lock.json",
+        include_str!("../../runner/pi/package-lock.json"),
+    ),
+    ("entry.mjs", include_str!("../../runner/pi/entry.mjs")),
+    ("build.mjs", include_str!("../../runner/pi/build.mjs")),
+];
+
+/// The exact package specs the bundle is built from, e.g. `@mariozechner/pi-ai@0.73.1`.
 pub fn specs() -> Vec<String> {
     PI_PACKAGES
         .iter()
         .map(|p| format!("{p}@{PI_VERSION}"))
+        .chain([format!("esbuild@{ESBUILD_VERSION}")])
         .collect()
 }
 
-/// An installed pi.
+/// An installed pi: the bundle, in its install directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PiInstall {
-    /// The `node_modules` directory holding both packages (what `WMO_PI_MODULES` names).
-    pub modules_dir: PathBuf,
-    /// The installed version ([`PI_VERSION`]).
+    /// `<state_dir>/npm/pi-<version>`: the bundle, its build inputs and the build's report.
+    pub dir: std::path::PathBuf,
+    pub bundle: PiBundle,
+    /// The bundled version ([`PI_VERSION`]).
     pub version: String,
 }
 
 impl PiInstall {
-    /// npm's lockfile of this install, where there is one (provenance names pi by it).
-    pub fn lockfile(&self) -> Option<PathBuf> {
-        let lock = self.modules_dir.parent()?.join("package-lock.json");
-        lock.is_file().then_some(lock)
-    }
-
     /// How a local backend shows this install to confined runners: the host directory
-    /// (holding `node_modules`), and the sandbox path it is mounted at, read-only.
-    pub fn local_mount(&self) -> (PathBuf, String) {
-        let dir = self
-            .modules_dir
-            .parent()
-            .map_or_else(|| self.modules_dir.clone(), Path::to_path_buf);
-        (dir, SANDBOX_PI_DIR.to_string())
+    /// (holding the bundle), and the sandbox path it is mounted at, read-only.
+    pub fn local_mount(&self) -> (std::path::PathBuf, String) {
+        (self.dir.clone(), SANDBOX_PI_DIR.to_string())
     }
 
-    /// The `node_modules` directory as a local runner sees it: where a template would keep
-    /// it under bwrap, the host path when unconfined.
-    pub fn modules_seen_by(&self, isolation: crate::sandbox::local::Isolation) -> PathBuf {
-        match isolation {
-            crate::sandbox::local::Isolation::Bwrap => PathBuf::from(TEMPLATE_PI_MODULES),
-            crate::sandbox::local::Isolation::None => self.modules_dir.clone(),
+    /// What a local runner is given: the bundle where it sees it (the mount under bwrap,
+    /// the host file when unconfined).
+    pub fn local_shipment(&self, isolation: crate::sandbox::local::Isolation) -> PiShipment {
+        let seen = match isolation {
+            crate::sandbox::local::Isolation::Bwrap => format!("{SANDBOX_PI_DIR}/{BUNDLE_FILE}"),
+            crate::sandbox::local::Isolation::None => {
+                self.bundle.file.to_string_lossy().into_owned()
+            }
+        };
+        PiShipment {
+            bundle: self.bundle.clone(),
+            seen_at: Some(seen),
         }
     }
+
+    /// What a runner in a sandbox that cannot see the host is given: the bundle, placed by
+    /// the bootstrap.
+    pub fn placed_shipment(&self) -> PiShipment {
+        PiShipment {
+            bundle: self.bundle.clone(),
+            seen_at: None,
+        }
+    }
+}
+
+/// How the bootstrap gives a runner the pi harness (`BootstrapOpts::pi`).
+#[derive(Debug, Clone)]
+pub struct PiShipment {
+    /// The bundle: its digest, which the runner must report back, and its bytes, for an
+    /// upload.
+    pub bundle: PiBundle,
+    /// Where the sandbox already sees the bundle; `None`: the bootstrap places it
+    /// ([`place_bundle`]).
+    pub seen_at: Option<String>,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    /// End to end with the real packages: install (or reuse) pi in the repository's
-    /// `target/pi-cache` (shared with the runner's node tests; `WMO_PI_MODULES` names an
-    /// existing install instead), bootstrap a runner on a local sandbox with it, and run a
-    /// pi episode over the channel.
-    #[test]
-    fn a_pi_episode_runs_in_a_bootstrapped_runner() {
-        use crate::runner::{bootstrap, BootstrapOpts};
-        use crate::sandbox::local::LocalBackend;
-        use crate::sandbox::{Backend, CreateSpec, Sandbox};
-        use serde_json::{json, Value};
-        use std::sync::Arc;
-
-        let install = match std::env::var_os(PI_MODULES_ENV).filter(|v| !v.is_empty()) {
-            Some(dir) => PiInstall {
-                modules_dir: PathBuf::from(dir),
-                version: PI_VERSION.into(),
-            },
-            None => {
-                let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pi-cache");
-                let install = ensure_installed(&cache).unwrap_or_else(|e| {
-                    panic!(
-                        "the pi end-to-end test needs pi installed (the npm registry, once): {e}"
-                    )
-                });
-                assert_eq!(find_installed(&cache).as_ref(), Some(&install));
-                install
-            }
-        };
-        let state = tempfile::tempdir().unwrap();
-        let backend = LocalBackend::open_with(
-            state.path(),
-            crate::sandbox::local::LocalOptions {
-                system_read_only: vec![install.local_mount()],
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let modules = install.modules_seen_by(backend.isolation());
-        let sandbox: Arc<dyn Sandbox> = backend
-            .create_local(&CreateSpec {
-                timeout_secs: 120,
-                internet: true,
-                ..CreateSpec::default()
-            })
-            .unwrap();
-        let opts = BootstrapOpts {
-            pi_modules: Some(modules),
-            ..BootstrapOpts::default()
-        };
-        let mut started = bootstrap(&sandbox, &opts).unwrap();
-        assert_eq!(started.hello["pi_version"], PI_VERSION);
-        assert_eq!(started.hello["harnesses"], json!(["builtin", "pi"]));
-        let ch = &mut started.channel;
-        let bash = json!({"type": "function", "function": {"name": "bash", "description": "run",
-            "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-            "required": ["command"]}}});
-        let call = |id: &str, name: &str, args: Value| {
-            json!({"id": id, "type": "function",
-                "function": {"name": name, "arguments": args.to_string()}})
-        };
-        let completion = |calls: Value| {
-            json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
-                "message": {"role": "assistant", "content": null, "tool_calls": calls}}]})
-        };
-
-        ch.send(
-            &json!({"type": "episode_start", "episode_id": "e1", "harness": "pi",
-            "instruction": "go", "system": "sys", "tools": [bash], "files": {}, "max_turns": 5}),
-        )
-        .unwrap();
-        let req = next(ch, "llm_request");
-        assert_eq!(req["openai_body"]["messages"][1]["content"], "go");
-        ch.send(
-            &json!({"type": "llm_response", "episode_id": "e1", "req_id": req["req_id"],
-            "completion": completion(json!([call("c1", "bash", json!({"command": "echo hi"}))]))}),
-        )
-        .unwrap();
-        let treq = next(ch, "tool_request");
-        assert_eq!(treq["arguments"], json!({"command": "echo hi"}));
-        ch.send(
-            &json!({"type": "tool_response", "episode_id": "e1", "req_id": treq["req_id"],
-            "content": "hi", "is_error": false}),
-        )
-        .unwrap();
-        let req2 = next(ch, "llm_request");
-        assert_eq!(
-            req2["openai_body"]["messages"][3],
-            json!({"role": "tool", "tool_call_id": "c1", "content": "hi"})
-        );
-        ch.send(
-            &json!({"type": "llm_response", "episode_id": "e1", "req_id": req2["req_id"],
-            "completion": completion(json!([call("c2", "submit", json!({"answer": "42"}))]))}),
-        )
-        .unwrap();
-        let done = next(ch, "done");
-        assert_eq!(done["reason"], "submit");
-        assert_eq!(done["answer"], "42");
-        assert_eq!(done["turns"], 2);
-        ch.close();
-        let _ = backend.kill(sandbox.id());
-    }
-
-    #[test]
-    fn bootstrap_refuses_a_runner_that_cannot_run_pi() {
-        use crate::runner::{bootstrap, BootstrapOpts, RunnerError};
-        use crate::sandbox::local::LocalBackend;
-        use crate::sandbox::{Backend, CreateSpec, Sandbox};
-        use std::sync::Arc;
-
-        let state = tempfile::tempdir().unwrap();
-        let backend = LocalBackend::open(state.path()).unwrap();
-        let sandbox: Arc<dyn Sandbox> = backend
-            .create_local(&CreateSpec {
-                timeout_secs: 60,
-                internet: true,
-                ..CreateSpec::default()
-            })
-            .unwrap();
-        let opts = BootstrapOpts {
-            pi_modules: Some(state.path().join("no-such-node_modules")),
-            ..BootstrapOpts::default()
-        };
-        let e = bootstrap(&sandbox, &opts)
-            .err()
-            .expect("bootstrap must fail");
-        assert!(matches!(e, RunnerError::PiUnavailable { .. }), "{e:?}");
-        assert!(!e.is_transport());
-        let msg = e.to_string();
-        assert!(msg.contains("pi-agent-core/package.json: ENOENT"), "{msg}");
-        // every runner file, the pi harness module with them, was uploaded next to the runner
-        let dir = crate::runner::runner_dir(sandbox.as_ref());
-        for file in &crate::runner::assets::RUNNER_FILES {
-            let uploaded = sandbox.read_file(&format!("{dir}/{}", file.name)).unwrap();
-            let sent = crate::runner::assets::uploaded_text(file);
-            assert_eq!(uploaded, sent.as_bytes(), "{}", file.name);
-        }
-        let _ = backend.kill(sandbox.id());
-    }
-
-    fn next(ch: &mut crate::channel::StdioChannel, want: &str) -> crate::channel::Frame {
-        let f = ch.recv(Duration::from_secs(30)).unwrap().unwrap();
-        assert_eq!(f["type"], want, "{f:?}");
-        f
-    }
-}
+mod tests;

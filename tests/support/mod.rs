@@ -294,12 +294,12 @@ pub fn transcript_frames(env: &Env, id: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Shares one pi install (the real npm packages) between tests: installed once under
-/// `target/pi-cache`, linked into the test's state dir.
+/// Shares one pi install (the bundle of the real npm packages) between tests: built once
+/// under `target/pi-cache`, linked into the test's state dir.
 pub fn share_pi_install(env: &Env) {
     let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pi-cache");
     wmo_e2b::runner::pi::ensure_installed(&cache)
-        .expect("installing the pi packages (needs the npm registry once)");
+        .expect("bundling the pi packages (needs the npm registry once)");
     std::fs::create_dir_all(env.home()).unwrap();
     std::os::unix::fs::symlink(cache.join("npm"), env.home().join("npm")).unwrap();
 }

@@ -21,7 +21,7 @@
 #
 # Output: a results directory (default target/bench/pi-<UTC stamp>) with one JSON Lines file
 # per measurement and summary.md (the tables, also printed). The pi install made here
-# (~140 MB) is deleted at the end unless KEEP_INSTALL=1.
+# (the bundle and its inputs, under 1 MB) is deleted at the end unless KEEP_INSTALL=1.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$(pwd)

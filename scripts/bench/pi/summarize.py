@@ -95,10 +95,15 @@ if cold_empty:
 if ens_warm:
     row("`ensure_installed`, warm (marker read; median of 30 per install), ms",
         len(ens_warm), f(med(ens_warm), 3), "0", "–", "–", verdict(None))
-if inst and inst[0].get("node_modules_bytes"):
-    row("install size", 1, f"{inst[0]['node_modules_bytes'] / 1e6:.0f} MB "
-        f"({inst[0].get('node_modules_disk_bytes', 0) / 1e6:.0f} MB on disk), "
-        f"{inst[0]['node_modules_files']:,} files", "–", "–", "–", verdict(None))
+# What the install directory holds: the bundle and its inputs (older runs: node_modules).
+size_key = next((k for k in ("install", "node_modules") if inst and inst[0].get(k + "_bytes")), None)
+if size_key:
+    bundle = inst[0].get("bundle_bytes")
+    row("install size", 1, f"{inst[0][size_key + '_bytes'] / 1e6:.2f} MB "
+        f"({inst[0].get(size_key + '_disk_bytes', 0) / 1e6:.2f} MB on disk), "
+        f"{inst[0][size_key + '_files']:,} files"
+        + (f"; the bundle sandboxes get: {bundle / 1e6:.2f} MB" if bundle else ""),
+        "–", "–", "–", verdict(None))
 if h:
     row("spawn-to-hello, warm cache (median), ms", h["reps"], f(p_hello), f(b_hello),
         f(ratio(p_hello, b_hello), 2), f"≤ {HELLO_GOAL_MS:.0f} ms",

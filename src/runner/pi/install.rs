@@ -1,61 +1,70 @@
-//! The host's pi install cache: the pinned packages under `<state_dir>/npm/pi-<version>/`,
-//! installed once and reused.
+//! The host's pi install cache: the bundle built from the pinned packages under
+//! `<state_dir>/npm/pi-<version>/`, once, and reused.
 //!
 //! The install directory is filled under an exclusive `flock` (so concurrent wmo-e2b
-//! processes run npm once), in a temporary directory renamed into place, and is only used
-//! once its marker file lists exactly [`specs`].
+//! processes build once), in a temporary directory renamed into place, and is only used
+//! once its marker names exactly this binary's build inputs. What it holds is small: the
+//! bundle, its build inputs and the build's report (npm's `node_modules` is removed once the
+//! bundle is made).
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use super::npm::{install_into, io_err, marker_text, InstallOpts, PiError, MARKER};
-use super::{specs, PiInstall, PI_VERSION};
+use super::build::{build_into, marked_digest, InstallOpts, MARKER};
+use super::bundle::PiBundle;
+use super::error::{io_err, PiError};
+use super::{PiInstall, BUNDLE_FILE, PI_VERSION};
 
 /// Where [`ensure_installed`] puts pi: `<state_dir>/npm/pi-<version>`.
 pub fn install_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("npm").join(format!("pi-{PI_VERSION}"))
 }
 
-/// The install in `dir` if its marker lists exactly the pinned specs.
-fn complete_install(dir: &Path) -> Option<PiInstall> {
-    let marker = fs::read_to_string(dir.join(MARKER)).ok()?;
-    let modules_dir = dir.join("node_modules");
-    (marker == marker_text() && modules_dir.is_dir()).then(|| PiInstall {
-        modules_dir,
+/// The install in `dir`, if its marker names this binary's build inputs. `Ok(None)`: none,
+/// or one built from other inputs (build again). An error: a bundle that is not what its
+/// marker says was built, refused (see [`PiError::Digest`]), or one that cannot be read.
+fn complete_install(dir: &Path) -> Result<Option<PiInstall>, PiError> {
+    let Ok(marker) = fs::read_to_string(dir.join(MARKER)) else {
+        return Ok(None);
+    };
+    let Some(expected) = marked_digest(&marker) else {
+        return Ok(None);
+    };
+    let bundle = PiBundle::read(&dir.join(BUNDLE_FILE), Some(expected))?;
+    Ok(Some(PiInstall {
+        dir: dir.to_path_buf(),
+        bundle,
         version: PI_VERSION.to_string(),
-    })
+    }))
 }
 
-/// The pinned pi, if it is already installed under `state_dir` (never runs npm).
-pub fn find_installed(state_dir: &Path) -> Option<PiInstall> {
+/// The pinned pi, if its bundle is already built under `state_dir` (never runs npm).
+pub fn find_installed(state_dir: &Path) -> Result<Option<PiInstall>, PiError> {
     complete_install(&install_dir(state_dir))
 }
 
-/// Installs the pinned pi packages under `state_dir` unless they already are, and returns
-/// where they are. Runs `npm install` at most once per state directory, also across
-/// concurrent processes; a later call only reads the marker.
+/// Builds the pi bundle under `state_dir` unless it already is, and returns it. Runs npm
+/// and the bundler at most once per state directory, also across concurrent processes; a
+/// later call reads the marker and the bundle (and checks the bundle's digest).
 pub fn ensure_installed(state_dir: &Path) -> Result<PiInstall, PiError> {
     ensure_installed_with(state_dir, &InstallOpts::default())
 }
 
-/// [`ensure_installed`] with a given npm program and timeout.
+/// [`ensure_installed`] with given npm and node programs and timeout.
 pub fn ensure_installed_with(state_dir: &Path, opts: &InstallOpts) -> Result<PiInstall, PiError> {
     let dir = install_dir(state_dir);
-    if let Some(found) = complete_install(&dir) {
+    if let Some(found) = complete_install(&dir)? {
         share_read_only(&dir)?;
         return Ok(found);
     }
-    let npm_dir = dir
-        .parent()
-        .expect("install_dir has a parent")
-        .to_path_buf();
+    let npm_dir = state_dir.join("npm");
     fs::create_dir_all(&npm_dir).map_err(io_err("create", &npm_dir))?;
     let lock_path = npm_dir.join(format!("pi-{PI_VERSION}.lock"));
     let _lock = Flock::exclusive(&lock_path)?;
     // Someone may have finished while we waited for the lock.
-    if let Some(found) = complete_install(&dir) {
+    if let Some(found) = complete_install(&dir)? {
         return Ok(found);
     }
     remove_leftovers(&npm_dir);
@@ -65,9 +74,9 @@ pub fn ensure_installed_with(state_dir: &Path, opts: &InstallOpts) -> Result<PiI
         std::process::id(),
         unique_suffix()
     ));
-    let result = install_into(&tmp, opts).and_then(|()| {
+    let result = build_into(&tmp, opts).and_then(|_| {
         if dir.exists() {
-            // An incomplete or foreign install: move it aside, then drop it.
+            // An incomplete or older install: move it aside, then drop it.
             let stale = npm_dir.join(format!(
                 ".pi-{PI_VERSION}.stale.{}.{}",
                 std::process::id(),
@@ -83,9 +92,8 @@ pub fn ensure_installed_with(state_dir: &Path, opts: &InstallOpts) -> Result<PiI
     }
     result?;
     share_read_only(&dir)?;
-    complete_install(&dir).ok_or_else(|| PiError::Incomplete {
-        specs: specs().join(" "),
-        package: "marker".to_string(),
+    complete_install(&dir)?.ok_or_else(|| PiError::Incomplete {
+        what: "its marker".to_string(),
         dir: dir.clone(),
         why: "the marker did not survive the rename".to_string(),
     })
@@ -179,24 +187,54 @@ impl Flock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runner::pi::build::{inputs_text, marker_text, REPORT_FILE};
     use std::os::unix::fs::PermissionsExt;
     use std::time::Duration;
 
-    /// A fake npm: a shell script that records each run and creates the packages.
-    fn fake_npm(dir: &Path, body: &str) -> PathBuf {
-        let path = dir.join("fake-npm");
-        fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    /// A fake program: a shell script named `name` that records each run (as `program
+    /// args`, the program being `name` up to a `-`) and does `body`.
+    fn fake(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let path = dir.join(name);
+        let program = name.split('-').next().unwrap_or(name);
+        let runs = dir.join("runs");
+        fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\necho \"{program} $*\" >> '{}'\n{body}\n",
+                runs.display()
+            ),
+        )
+        .unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
         path
     }
 
+    /// npm's part: what `npm ci` leaves behind, a node_modules directory.
     fn good_npm(dir: &Path) -> PathBuf {
-        let runs = dir.join("runs");
-        fake_npm(
+        fake(dir, "npm", "sleep 0.2\nmkdir -p node_modules/esbuild")
+    }
+
+    const BUNDLE: &str = "export const runAgentLoop = 1;\n";
+
+    /// The bundler's part: the bundle (`$2`), and its report on stdout.
+    fn node_printing(dir: &Path, name: &str, report: &str) -> PathBuf {
+        fake(
             dir,
+            name,
             &format!(
-                "echo \"$@\" >> '{}'\nsleep 0.2\nfor p in pi-agent-core pi-ai; do\n  mkdir -p node_modules/@mariozechner/$p\n  echo '{{\"version\":\"{PI_VERSION}\"}}' > node_modules/@mariozechner/$p/package.json\ndone",
-                runs.display()
+                "printf '{}' > \"$2\"\necho '{report}'",
+                BUNDLE.replace('\n', "\\n")
+            ),
+        )
+    }
+
+    fn good_node(dir: &Path) -> PathBuf {
+        node_printing(
+            dir,
+            "node",
+            &format!(
+                r#"{{"versions":{{"@mariozechner/pi-agent-core":"{PI_VERSION}","@mariozechner/pi-ai":"{PI_VERSION}"}},"esbuild":"{}"}}"#,
+                crate::runner::pi::ESBUILD_VERSION
             ),
         )
     }
@@ -209,9 +247,10 @@ mod tests {
             .collect()
     }
 
-    fn opts(npm: PathBuf) -> InstallOpts {
+    fn opts(tools: &Path) -> InstallOpts {
         InstallOpts {
-            npm,
+            npm: good_npm(tools),
+            node: good_node(tools),
             timeout: Duration::from_secs(30),
         }
     }
@@ -221,37 +260,54 @@ mod tests {
         let state = tempfile::tempdir().unwrap();
         let tools = tempfile::tempdir().unwrap();
         let dir = install_dir(state.path());
-        fs::create_dir_all(dir.join("node_modules/@mariozechner/pi-ai")).unwrap();
-        fs::write(dir.join(MARKER), marker_text()).unwrap();
-        let found = ensure_installed_with(state.path(), &opts(good_npm(tools.path()))).unwrap();
-        assert_eq!(runs(tools.path()), Vec::<String>::new(), "npm ran");
-        assert_eq!(found.modules_dir, dir.join("node_modules"));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join(BUNDLE_FILE), BUNDLE).unwrap();
+        let sha = crate::runner::pi::bundle::sha256_hex(BUNDLE.as_bytes());
+        fs::write(dir.join(MARKER), marker_text(&sha)).unwrap();
+        let found = ensure_installed_with(state.path(), &opts(tools.path())).unwrap();
+        assert_eq!(runs(tools.path()), Vec::<String>::new(), "npm or node ran");
+        assert_eq!(found.dir, dir);
+        assert_eq!(found.bundle.file, dir.join(BUNDLE_FILE));
+        assert_eq!(found.bundle.sha256, sha);
         assert_eq!(found.version, PI_VERSION);
-        assert_eq!(find_installed(state.path()), Some(found));
+        assert_eq!(find_installed(state.path()).unwrap(), Some(found));
         // the fast path takes no lock and creates nothing
         assert!(!state.path().join("npm").join("pi-0.73.1.lock").exists());
     }
 
     #[test]
-    fn installs_once_then_reuses() {
+    fn builds_once_then_reuses_keeping_only_the_bundle_and_its_inputs() {
         let state = tempfile::tempdir().unwrap();
         let tools = tempfile::tempdir().unwrap();
-        let npm = good_npm(tools.path());
-        let first = ensure_installed_with(state.path(), &opts(npm.clone())).unwrap();
-        let pj = first
-            .modules_dir
-            .join("@mariozechner/pi-agent-core/package.json");
-        assert!(pj.is_file());
-        let r = runs(tools.path());
-        assert_eq!(r.len(), 1);
+        let o = opts(tools.path());
+        let first = ensure_installed_with(state.path(), &o).unwrap();
+        assert_eq!(first.bundle.bytes(), BUNDLE.as_bytes());
         assert_eq!(
-            r[0],
-            "install --no-audit --no-fund --ignore-scripts --save-exact \
-             @mariozechner/pi-agent-core@0.73.1 @mariozechner/pi-ai@0.73.1"
+            runs(tools.path()),
+            [
+                "npm ci --no-audit --no-fund --ignore-scripts --include=optional",
+                "node build.mjs pi.mjs",
+            ]
         );
-        let second = ensure_installed_with(state.path(), &opts(npm)).unwrap();
+        let mut kept: Vec<String> = fs::read_dir(&first.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        kept.sort();
+        let mut want: Vec<String> = crate::runner::pi::BUILD_INPUTS
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .chain([BUNDLE_FILE, REPORT_FILE, MARKER].map(String::from))
+            .collect();
+        want.sort();
+        assert_eq!(kept, want, "node_modules is removed after bundling");
+        assert!(fs::read_to_string(first.dir.join(MARKER))
+            .unwrap()
+            .starts_with(&inputs_text()));
+
+        let second = ensure_installed_with(state.path(), &o).unwrap();
         assert_eq!(first, second);
-        assert_eq!(runs(tools.path()).len(), 1, "the second call ran npm");
+        assert_eq!(runs(tools.path()).len(), 2, "the second call built again");
         // nothing temporary left beside it
         let names: Vec<String> = fs::read_dir(state.path().join("npm"))
             .unwrap()
@@ -264,61 +320,119 @@ mod tests {
     }
 
     #[test]
-    fn concurrent_callers_run_npm_once() {
+    fn concurrent_callers_build_once() {
         let state = tempfile::tempdir().unwrap();
         let tools = tempfile::tempdir().unwrap();
-        let npm = good_npm(tools.path());
+        let o = opts(tools.path());
         let handles: Vec<_> = (0..4)
             .map(|_| {
                 let state = state.path().to_path_buf();
-                let o = opts(npm.clone());
+                let o = o.clone();
                 std::thread::spawn(move || ensure_installed_with(&state, &o).unwrap())
             })
             .collect();
         let results: Vec<PiInstall> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         assert!(results.windows(2).all(|w| w[0] == w[1]));
-        assert_eq!(runs(tools.path()).len(), 1);
+        assert_eq!(runs(tools.path()).len(), 2, "one npm ci, one build");
     }
 
     #[test]
-    fn a_mismatched_marker_reinstalls() {
+    fn an_install_from_other_inputs_is_built_again() {
         let state = tempfile::tempdir().unwrap();
         let tools = tempfile::tempdir().unwrap();
         let dir = install_dir(state.path());
-        fs::create_dir_all(dir.join("node_modules")).unwrap();
+        fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join(MARKER), "@mariozechner/pi-ai@0.1.0\n").unwrap();
         fs::write(dir.join("old-file"), "x").unwrap();
-        let found = ensure_installed_with(state.path(), &opts(good_npm(tools.path()))).unwrap();
-        assert_eq!(runs(tools.path()).len(), 1);
+        let found = ensure_installed_with(state.path(), &opts(tools.path())).unwrap();
+        assert_eq!(runs(tools.path()).len(), 2);
         assert!(!dir.join("old-file").exists());
-        assert_eq!(fs::read_to_string(dir.join(MARKER)).unwrap(), marker_text());
-        assert!(found.modules_dir.join("@mariozechner/pi-ai").is_dir());
+        assert_eq!(
+            fs::read_to_string(dir.join(MARKER)).unwrap(),
+            marker_text(&found.bundle.sha256)
+        );
+    }
+
+    /// A bundle that is not what was built (truncated, edited) is refused by its digest,
+    /// naming the file, and nothing is rebuilt over it behind the user's back.
+    #[test]
+    fn a_corrupted_bundle_is_refused_by_its_digest() {
+        let state = tempfile::tempdir().unwrap();
+        let tools = tempfile::tempdir().unwrap();
+        let o = opts(tools.path());
+        let built = ensure_installed_with(state.path(), &o).unwrap();
+        let file = built.bundle.file.clone();
+        fs::write(&file, &BUNDLE[..10]).unwrap();
+        for e in [
+            ensure_installed_with(state.path(), &o).unwrap_err(),
+            find_installed(state.path()).unwrap_err(),
+        ] {
+            let PiError::Digest {
+                file: named,
+                expected,
+                ..
+            } = &e
+            else {
+                panic!("{e:?}");
+            };
+            assert_eq!(named, &file);
+            assert_eq!(expected, &built.bundle.sha256);
+            let msg = e.to_string();
+            assert!(msg.contains(&file.display().to_string()), "{msg}");
+            assert!(msg.contains("remove"), "{msg}");
+        }
+        assert_eq!(runs(tools.path()).len(), 2, "it was rebuilt");
     }
 
     #[test]
-    fn npm_missing_is_named() {
+    fn npm_or_node_missing_is_named() {
         let state = tempfile::tempdir().unwrap();
-        let e = ensure_installed_with(
-            state.path(),
-            &opts(PathBuf::from("wmo-e2b-no-such-npm-here")),
-        )
-        .unwrap_err();
-        assert!(matches!(e, PiError::NpmMissing { .. }), "{e:?}");
-        let msg = e.to_string();
-        assert!(msg.contains("npm is not installed"), "{msg}");
-        assert!(msg.contains("@mariozechner/pi-agent-core@0.73.1"), "{msg}");
-        assert!(find_installed(state.path()).is_none());
+        let tools = tempfile::tempdir().unwrap();
+        let missing = PathBuf::from("wmo-e2b-no-such-program-here");
+        for (npm, node, program) in [
+            (missing.clone(), good_node(tools.path()), "npm"),
+            (good_npm(tools.path()), missing.clone(), "node"),
+        ] {
+            let e = ensure_installed_with(
+                state.path(),
+                &InstallOpts {
+                    npm,
+                    node,
+                    timeout: Duration::from_secs(30),
+                },
+            )
+            .unwrap_err();
+            assert!(
+                matches!(e, PiError::ToolMissing { program: p, .. } if p == program),
+                "{e:?}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("{program} is not installed")),
+                "{msg}"
+            );
+            assert!(msg.contains("@mariozechner/pi-agent-core@0.73.1"), "{msg}");
+            assert!(find_installed(state.path()).unwrap().is_none());
+        }
     }
 
     #[test]
     fn a_failed_install_quotes_npm_stderr_and_leaves_nothing() {
         let state = tempfile::tempdir().unwrap();
         let tools = tempfile::tempdir().unwrap();
-        let npm = fake_npm(
+        let npm = fake(
             tools.path(),
+            "npm-failing",
             "echo 'npm error code E404' >&2\necho 'npm error 404 Not Found - GET https://registry.npmjs.org/x' >&2\nexit 1",
         );
-        let e = ensure_installed_with(state.path(), &opts(npm)).unwrap_err();
+        let e = ensure_installed_with(
+            state.path(),
+            &InstallOpts {
+                npm,
+                ..opts(tools.path())
+            },
+        )
+        .unwrap_err();
         assert!(matches!(e, PiError::Install { .. }), "{e:?}");
         let msg = e.to_string();
         assert!(msg.contains("npm error 404 Not Found"), "{msg}");
@@ -332,13 +446,41 @@ mod tests {
     }
 
     #[test]
-    fn an_install_without_the_packages_is_incomplete() {
+    fn a_failed_or_wrong_build_is_its_own_error() {
         let state = tempfile::tempdir().unwrap();
         let tools = tempfile::tempdir().unwrap();
-        let npm = fake_npm(tools.path(), "exit 0");
-        let e = ensure_installed_with(state.path(), &opts(npm)).unwrap_err();
+        let failing = fake(
+            tools.path(),
+            "node-failing",
+            "echo 'build.mjs: packages outside the list were pulled in: openai' >&2\nexit 1",
+        );
+        let e = ensure_installed_with(
+            state.path(),
+            &InstallOpts {
+                node: failing,
+                ..opts(tools.path())
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(e, PiError::Bundle { .. }), "{e:?}");
+        assert!(e.to_string().contains("pulled in: openai"), "{e}");
+
+        let older = node_printing(
+            tools.path(),
+            "node-older",
+            r#"{"versions":{"@mariozechner/pi-agent-core":"0.1.0","@mariozechner/pi-ai":"0.1.0"},"esbuild":"0.1.0"}"#,
+        );
+        let e = ensure_installed_with(
+            state.path(),
+            &InstallOpts {
+                node: older,
+                ..opts(tools.path())
+            },
+        )
+        .unwrap_err();
         assert!(matches!(e, PiError::Incomplete { .. }), "{e:?}");
-        assert!(find_installed(state.path()).is_none());
+        assert!(e.to_string().contains("found version \"0.1.0\""), "{e}");
+        assert!(find_installed(state.path()).unwrap().is_none());
     }
 
     /// Whether process `pid` is gone (or a zombie: dead, but not yet reaped by whichever
@@ -369,8 +511,9 @@ mod tests {
         let child_pid = tools.path().join("child.pid");
         let finished = tools.path().join("finished");
         // The child does not hold npm's pipes, so only a kill of the group ends it early.
-        let npm = fake_npm(
+        let npm = fake(
             tools.path(),
+            "npm",
             &format!(
                 "sleep 30 >/dev/null 2>&1 &\necho $! > '{}'\necho working >&2\nwait\ntouch '{}'",
                 child_pid.display(),
@@ -381,6 +524,7 @@ mod tests {
             state.path(),
             &InstallOpts {
                 npm,
+                node: good_node(tools.path()),
                 timeout: Duration::from_secs(1),
             },
         )

@@ -21,7 +21,7 @@ use crate::sync::lock;
 /// The home of E2B's default user, where templates keep user files.
 pub const HOME: &str = "/home/user";
 /// The runner's directory: owned by root, so task commands (run as `user`) cannot change it.
-/// The template recipe prebakes pi under it.
+/// The template recipe bakes the pi bundle under it.
 pub const SYSTEM_DIR: &str = "/opt/wmo-e2b";
 /// The E2B users the two roles run as.
 const TASK_USER: &str = "user";
