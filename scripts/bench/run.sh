@@ -92,6 +92,7 @@ for r in $(seq 1 "$RUNS"); do
   for cfg in "small frame $N_SMALL" "small 64k $N_SMALL" "large frame $N_LARGE" "large 64k $N_LARGE"; do
     set -- $cfg
     "$EX/bench_frames" recv --size "$1" --chunking "$2" --n "$3" >> "$OUT/frames_ours.jsonl"
+    "$EX/bench_frames" route --size "$1" --chunking "$2" --n "$3" >> "$OUT/frames_ours.jsonl"
     if [ "$REF_OK" = 1 ]; then
       (cd "$REF_DIR" && ./venv/bin/python bench_channel.py recv --size "$1" --chunking "$2" --n "$3") \
         >> "$OUT/frames_ref.jsonl"

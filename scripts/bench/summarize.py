@@ -132,7 +132,7 @@ fr = load("frames_ref.jsonl")
 def group(rows):
     g = collections.defaultdict(list)
     for r in rows:
-        g[(r["op"], r["size"], r.get("chunking", "-") if r["op"] == "recv" else "-")].append(r)
+        g[(r["op"], r["size"], r.get("chunking", "-") if r["op"] in ("recv", "route") else "-")].append(r)
     return g
 
 
@@ -141,6 +141,7 @@ print("### Frame throughput\n")
 print("| op | frame | events | ours frames/s | ours wire MB/s | ours CPU s | ref frames/s | ref wire MB/s | ref CPU s | ratio (frames/s) | ratio (CPU per frame) | goal | verdict |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 order = [("recv", "small", "frame"), ("recv", "small", "64k"), ("recv", "large", "frame"), ("recv", "large", "64k"),
+         ("route", "small", "frame"), ("route", "small", "64k"), ("route", "large", "frame"), ("route", "large", "64k"),
          ("pipe", "small", "-"), ("pipe", "large", "-"), ("decode", "small", "-"), ("decode", "large", "-"),
          ("send", "small", "-"), ("send", "large", "-")]
 for key in order:
@@ -153,7 +154,7 @@ for key in order:
     ocpu = med(r["cpu_s"] / r["n"] * 1e5 for r in rs)  # per 100k frames
     # the reference's closest counterpart: recv for recv/pipe/decode (same chunking, or
     # per-frame events for pipe/decode), send for send
-    rkey = (("send", size, "-") if op == "send" else ("recv", size, ch if op == "recv" else "frame"))
+    rkey = (("send", size, "-") if op == "send" else ("recv", size, ch if op in ("recv", "route") else "frame"))
     rr = gr.get(rkey)
     if rr:
         rfps = med(r["frames_per_s"] for r in rr)
@@ -168,9 +169,9 @@ for key in order:
         goal, ok = "≥ 10×", (ratio is not None and ratio >= 10)
     elif op == "recv" and size == "large":
         goal, ok = "≥ 2×", (ratio is not None and ratio >= 2)
-    label = {"recv": "recv (StdioChannel)", "pipe": "recv via a real `cat` process", "decode": "split + decode only",
+    label = {"recv": "recv (StdioChannel)", "route": "recv, routed by type and id only (vs ref recv)", "pipe": "recv via a real `cat` process", "decode": "split + decode only",
              "send": "send (StdioChannel)"}[op]
-    vs = "" if op in ("recv", "send") else " (vs ref recv, per-frame)"
+    vs = "" if op in ("recv", "route", "send") else " (vs ref recv, per-frame)"
     ev = {"frame": "1 per frame", "64k": "64 KiB", "-": "—" if op != "pipe" else "pipe reads"}[ch]
     print(f"| {label}{vs} | {'200 B' if size == 'small' else '20 KB'} | {ev} | {f(ofps, 0)} | {f(omb)} | {f(ocpu, 2)} | {f(rfps, 0)} | {f(rmb)} | {f(rcpu, 2)} | {f(ratio, 2)}× | {f(cratio, 2)}× | {goal} | {verdict(ok)} |")
 print("\nMedians over the runs. CPU s are per 100k frames (all threads of the measuring process). Wire = base64 line bytes.")
