@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::{PiBundle, PiShipment, TEMPLATE_PI_BUNDLE};
-use crate::channel::Frame;
+use serde_json::{Map, Value};
 use crate::runner::RunnerError;
 use crate::sandbox::{shell_quote, RunOpts, Sandbox};
 
@@ -66,7 +66,7 @@ pub fn place_bundle(
 /// Checks a pi runner's hello: the bundle it found at `file` must have the shipment's
 /// digest, and the runner must say pi can run.
 pub fn check_hello(
-    hello: &Frame,
+    hello: &Map<String, Value>,
     shipment: &PiShipment,
     file: &str,
     id: &str,
