@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use super::{PiBundle, PiShipment, TEMPLATE_PI_BUNDLE};
 use serde_json::{Map, Value};
+
+use super::{PiBundle, PiShipment, TEMPLATE_PI_BUNDLE};
 use crate::runner::RunnerError;
 use crate::sandbox::{shell_quote, RunOpts, Sandbox};
 
