@@ -1,7 +1,7 @@
 //! What the request threads share: the table of sandboxes this emulator created, the local
 //! backend behind them, the fault generators, the counters, and the stop signal.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -279,6 +279,10 @@ impl SandboxEntry {
         if resumed == Resumed::WasRunning {
             return Ok(false);
         }
+        // A reboot leaves none of the processes envd started, as a fresh envd knows none:
+        // forget them now rather than when their followers notice the ends.
+        let live: HashSet<u32> = self.sandbox.processes()?.iter().map(|p| p.pid).collect();
+        lock(&self.procs).retain(|pid, hub| !hub.is_running() || live.contains(pid));
         self.set_deadline(secs)?;
         Ok(true)
     }
