@@ -266,3 +266,44 @@ fn an_eval_whose_create_outlives_its_limit_leaves_no_sandbox_and_no_creating_lea
         "the late sandbox was found and killed: {all:?}"
     );
 }
+
+#[test]
+fn a_project_whose_create_outlives_its_limit_leaves_nothing_behind() {
+    use wmo_e2b::project::{OnIdle, Project, ProjectError};
+    // As above: the sandbox is made 3 s after the first attempt, long after the client
+    // gave up; the project command must find and kill it before it returns.
+    let emu = start_with(faults("create-delay-ms=3000"), 1);
+    let state = tempfile::tempdir().unwrap();
+    let leased: Arc<dyn Backend> = Arc::new(LeasedBackend::new(
+        client(&emu, Duration::from_secs(1), 1),
+        Ledger::open(state.path(), "project:p").unwrap(),
+        "project",
+    ));
+    let started = Instant::now();
+    let err = Project::create(
+        state.path(),
+        "p",
+        leased,
+        None,
+        Duration::from_secs(600),
+        OnIdle::Pause,
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(
+            err,
+            ProjectError::Sandbox {
+                source: SandboxError::CreateUnconfirmed { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Past the moment the emulator made the late sandbox: none may be left.
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(started.elapsed()));
+    assert!(live(&emu).is_empty(), "{:?}", live(&emu));
+    let (all, _) = ledger::read_leases(state.path());
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].1.state, LeaseState::Retired, "{all:?}");
+}

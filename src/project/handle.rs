@@ -517,16 +517,21 @@ fn create_sandbox(
     timeout: Duration,
     on_idle: OnIdle,
 ) -> Result<Arc<dyn Sandbox>, ProjectError> {
-    backend
-        .create(&CreateSpec {
-            template: template.map(str::to_string),
-            timeout_secs: timeout.as_secs(),
-            metadata: Metadata::new(),
-            envs: Vec::new(),
-            internet: true,
-            on_timeout: on_idle.on_timeout(),
-        })
-        .map_err(ProjectError::sandbox("create the project sandbox"))
+    let created = backend.create(&CreateSpec {
+        template: template.map(str::to_string),
+        timeout_secs: timeout.as_secs(),
+        metadata: Metadata::new(),
+        envs: Vec::new(),
+        internet: true,
+        on_timeout: on_idle.on_timeout(),
+    });
+    if matches!(created, Err(SandboxError::CreateUnconfirmed { .. })) {
+        // The create may have made a sandbox no one will use: find it by its lease tag and
+        // kill it before this command exits, as an eval does. What cannot be found is left
+        // to `reap`, its lease still `creating`.
+        let _ = backend.settle_creates();
+    }
+    created.map_err(ProjectError::sandbox("create the project sandbox"))
 }
 
 /// The lease tag the backend put on a sandbox.
