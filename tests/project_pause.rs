@@ -321,3 +321,38 @@ fn a_command_longer_than_the_idle_timeout_finishes_locally() {
 fn a_command_longer_than_the_idle_timeout_finishes_on_e2b() {
     long_command_holds_off_the_pause(e2b());
 }
+
+/// Without namespaces a local sandbox cannot pause its memory: by default the project then
+/// pauses with its files, saying so; asking for a memory pause is refused by name.
+#[test]
+fn without_namespaces_a_project_pauses_with_its_files_by_default() {
+    let env = Env::new();
+    let o = env.run(&["project", "--isolation", "none", "create", "demo"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("pauses with its files only"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["project", "list", "--json"]);
+    let listed: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed[0]["on_idle"], "pause-filesystem", "{listed:?}");
+
+    let o = env.run(&[
+        "project",
+        "--isolation",
+        "none",
+        "create",
+        "other",
+        "--on-idle",
+        "pause",
+    ]);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("needs --isolation bwrap"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["project", "close", "demo"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}

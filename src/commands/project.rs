@@ -11,7 +11,7 @@ use wmo_e2b::project::session::{self, TurnOptions};
 use wmo_e2b::project::{self, Notice, OnIdle, Project, ProjectError, ProjectState};
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
-use wmo_e2b::sandbox::{Backend, Killed, PauseKind, Paused};
+use wmo_e2b::sandbox::{Backend, ErrorClass, Killed, PauseKind, Paused};
 use wmo_e2b::tree::TreeBounds;
 
 use super::{open_backend_with, BackendKind, Exit, LocalArgs, ModelApiArgs, UsageError};
@@ -38,8 +38,10 @@ pub enum ProjectCommand {
         timeout: Duration,
         /// What the idle sandbox does: `pause` keeps memory and files (processes continue on
         /// the next command), `pause-filesystem` keeps the files only, `kill` ends it.
-        #[arg(long, value_enum, default_value = "pause")]
-        on_idle: IdleArg,
+        /// Default: `pause`, or `pause-filesystem` where a memory pause cannot be had (a
+        /// local sandbox without bwrap).
+        #[arg(long, value_enum)]
+        on_idle: Option<IdleArg>,
     },
     /// Pause the project's sandbox now (the next project command resumes it).
     Pause {
@@ -223,7 +225,14 @@ pub fn run(args: ProjectArgs) -> Result<Exit> {
             template,
             timeout,
             on_idle,
-        } => create(&name, backend, template, timeout, on_idle.into(), local),
+        } => create(
+            &name,
+            backend,
+            template,
+            timeout,
+            on_idle.map(OnIdle::from),
+            local,
+        ),
         ProjectCommand::Pause {
             name,
             filesystem_only,
@@ -288,20 +297,47 @@ fn create(
     backend: BackendKind,
     template: Option<String>,
     timeout: Duration,
-    on_idle: OnIdle,
+    on_idle: Option<OnIdle>,
     local: &LocalArgs,
 ) -> Result<Exit> {
-    let p = Project::create(
-        &state_dir(),
-        name,
-        leased(backend, name, local)?,
-        template,
-        timeout,
-        on_idle,
-    )
-    .map_err(user_facing)?;
+    let make = |on_idle| {
+        Project::create(
+            &state_dir(),
+            name,
+            leased(backend, name, local)?,
+            template.clone(),
+            timeout,
+            on_idle,
+        )
+        .map_err(anyhow::Error::from)
+    };
+    let p = match on_idle {
+        Some(asked) => make(asked),
+        None => match make(OnIdle::Pause) {
+            // The default only: a memory pause this backend cannot do (a local sandbox
+            // without namespaces) falls back to keeping the files.
+            Err(e) if memory_pause_unsupported(&e) => {
+                eprintln!(
+                    "note: a memory pause is not available here; project {name} pauses with its files only when idle (--on-idle pause-filesystem)"
+                );
+                make(OnIdle::PauseFilesystem)
+            }
+            other => other,
+        },
+    }
+    .map_err(|e| match e.downcast::<ProjectError>() {
+        Ok(e) => user_facing(e),
+        Err(e) => e,
+    })?;
     println!("created project {name} (sandbox {})", p.state().sandbox_id);
     Ok(Exit::Success)
+}
+
+fn memory_pause_unsupported(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<ProjectError>(),
+        Some(ProjectError::Sandbox { source, .. }) if source.class() == ErrorClass::Unsupported
+    )
 }
 
 fn pause(

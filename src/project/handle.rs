@@ -132,12 +132,7 @@ impl Project {
         if replaced {
             project.adopt_replacement()?;
         } else if project.state.on_idle != OnIdle::Kill {
-            project
-                .sandbox
-                .set_timeout(project.state.timeout_secs)
-                .map_err(ProjectError::sandbox(
-                    "renew the project sandbox's idle timeout",
-                ))?;
+            project.renew_idle()?;
         }
         Ok(project)
     }
