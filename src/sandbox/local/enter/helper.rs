@@ -392,18 +392,20 @@ unsafe fn loopback_up() -> io::Result<()> {
 unsafe fn launcher(command: libc::pid_t) -> ! {
     close_from(0);
     let mut status = 0;
-    loop {
+    let signal = loop {
         if libc::waitpid(command, &mut status, 0) == command {
-            break;
+            if libc::WIFEXITED(status) {
+                libc::_exit(libc::WEXITSTATUS(status));
+            }
+            break libc::WTERMSIG(status);
         }
         if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            libc::_exit(CANNOT_ENTER);
+            // The command ran, but its end can no longer be read (seen, rarely, only while
+            // its sandbox was being killed around it): it reads as killed, never as a
+            // command that could not start (125).
+            break libc::SIGKILL;
         }
-    }
-    if libc::WIFEXITED(status) {
-        libc::_exit(libc::WEXITSTATUS(status));
-    }
-    let signal = libc::WTERMSIG(status);
+    };
     // Killed by a signal: die of it too (without a core file), so the caller sees the same.
     let no_core = libc::rlimit {
         rlim_cur: 0,
