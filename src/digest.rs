@@ -7,9 +7,14 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The SHA-256 of `bytes` as bare lowercase hex (what `sha256sum` prints).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
 /// `sha256:<hex>` of `bytes`.
 pub fn sha256(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex(&Sha256::digest(bytes)))
+    format!("sha256:{}", sha256_hex(bytes))
 }
 
 /// `sha256:<hex>` of a file's content, read a block at a time (a tasks file may be large).

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::error::{io_err, PiError};
+use crate::digest::sha256_hex;
 
 /// The most a bundle may weigh: it is read whole, and sent whole into every sandbox that
 /// does not have it. (It is under 1 MB.)
@@ -75,12 +76,6 @@ impl PiBundle {
     pub fn digest(&self) -> String {
         format!("sha256:{}", self.sha256)
     }
-}
-
-/// sha256 of `bytes` as lowercase hex (the form `sha256sum` prints).
-pub(super) fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    crate::digest::hex(&Sha256::digest(bytes))
 }
 
 #[cfg(test)]

@@ -262,7 +262,7 @@ mod tests {
         let dir = install_dir(state.path());
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join(BUNDLE_FILE), BUNDLE).unwrap();
-        let sha = crate::runner::pi::bundle::sha256_hex(BUNDLE.as_bytes());
+        let sha = crate::digest::sha256_hex(BUNDLE.as_bytes());
         fs::write(dir.join(MARKER), marker_text(&sha)).unwrap();
         let found = ensure_installed_with(state.path(), &opts(tools.path())).unwrap();
         assert_eq!(runs(tools.path()), Vec::<String>::new(), "npm or node ran");

@@ -325,7 +325,7 @@ fn bootstrap_refuses_a_bundle_whose_digest_differs() {
     };
     assert_eq!(named, &file);
     assert_eq!(expected, &shipped.sha256);
-    assert_eq!(found, &bundle::sha256_hex(&shipped.bytes()[..40]));
+    assert_eq!(found, &crate::digest::sha256_hex(&shipped.bytes()[..40]));
     assert!(!e.is_transport());
     assert!(e.to_string().contains(&file), "{e}");
     let _ = backend.kill(sandbox.id());
