@@ -81,7 +81,12 @@ pub(super) fn kill_group(pgid: u32) -> io::Result<bool> {
 /// such process or group.
 fn sigkill(target: libc::pid_t) -> io::Result<bool> {
     // SAFETY: kill(2) has no memory-safety preconditions; a negative pid addresses a group.
-    if unsafe { libc::kill(target, libc::SIGKILL) } == 0 {
+    delivered(unsafe { libc::kill(target, libc::SIGKILL) }.into())
+}
+
+/// What a signalling call's return says: sent, no such process (`false`), or an error.
+fn delivered(rc: libc::c_long) -> io::Result<bool> {
+    if rc == 0 {
         return Ok(true);
     }
     let err = io::Error::last_os_error();
@@ -312,11 +317,7 @@ pub(super) fn signal_recorded(pid: u32, start_time: u64, signal: libc::c_int) ->
     match fd {
         Some(fd) => pidfd_signal(&fd, signal),
         // SAFETY: kill(2) has no memory-safety preconditions.
-        None if unsafe { libc::kill(p, signal) } == 0 => Ok(true),
-        None => match io::Error::last_os_error() {
-            e if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
-            e => Err(e),
-        },
+        None => delivered(unsafe { libc::kill(p, signal) }.into()),
     }
 }
 
@@ -332,15 +333,7 @@ fn pidfd_signal(fd: &std::os::fd::OwnedFd, signal: libc::c_int) -> io::Result<bo
             0,
         )
     };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(false)
-    } else {
-        Err(err)
-    }
+    delivered(rc)
 }
 
 /// A pidfd for `pid`, when the kernel offers them (Linux 5.3) and the process exists.
