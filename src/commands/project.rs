@@ -152,28 +152,37 @@ impl From<IdleArg> for OnIdle {
 fn leased(kind: BackendKind, name: &str, local: &LocalArgs) -> Result<Arc<dyn Backend>> {
     let ledger = Ledger::open(&state_dir(), &format!("project:{name}"))
         .context("cannot open the lease ledger")?;
-    let local = LocalOptions {
-        isolation: local.isolation.into(),
-        ..LocalOptions::default()
-    };
     Ok(Arc::new(LeasedBackend::new(
-        open_backend_with(kind, E2bOptions::default(), local)?,
+        unleased(kind, local)?,
         ledger,
         "project",
     )))
 }
 
+/// The backend itself, for what creates nothing (looking a sandbox up).
+fn unleased(kind: BackendKind, local: &LocalArgs) -> Result<Arc<dyn Backend>> {
+    let local = LocalOptions {
+        isolation: local.isolation.into(),
+        ..LocalOptions::default()
+    };
+    open_backend_with(kind, E2bOptions::default(), local)
+}
+
+/// The backend a project recorded by name.
+fn kind_named(recorded: &str) -> BackendKind {
+    match recorded {
+        "e2b" => BackendKind::E2b,
+        _ => BackendKind::Local,
+    }
+}
+
 /// The backend a project command works on: the one given, else the project's own.
 fn backend_of(name: &str, given: Option<BackendKind>) -> BackendKind {
     given.unwrap_or_else(|| {
-        let recorded = project::list(&state_dir())
+        project::list(&state_dir())
             .into_iter()
             .find(|p| p.name == name)
-            .map(|p| p.backend);
-        match recorded.as_deref() {
-            Some("e2b") => BackendKind::E2b,
-            _ => BackendKind::Local,
-        }
+            .map_or(BackendKind::Local, |p| kind_named(&p.backend))
     })
 }
 
@@ -366,7 +375,23 @@ fn pause(
 
 fn list(json: bool, local: &LocalArgs) -> Result<Exit> {
     let all = project::list(&state_dir());
-    let states: Vec<&'static str> = all.iter().map(|p| sandbox_state(p, local)).collect();
+    // Each kind of backend opened once, and only if a project lives on it.
+    let mut backends: Vec<(BackendKind, Option<Arc<dyn Backend>>)> = Vec::new();
+    let states: Vec<&'static str> = all
+        .iter()
+        .map(|p| {
+            let kind = kind_named(&p.backend);
+            let backend = match backends.iter().find(|(k, _)| *k == kind) {
+                Some((_, b)) => b.clone(),
+                None => {
+                    let b = unleased(kind, local).ok();
+                    backends.push((kind, b.clone()));
+                    b
+                }
+            };
+            sandbox_state(p, backend.as_deref())
+        })
+        .collect();
     if json {
         let rows: Vec<serde_json::Value> = all
             .iter()
@@ -396,14 +421,11 @@ fn list(json: bool, local: &LocalArgs) -> Result<Exit> {
 }
 
 /// `running`, `paused`, `gone`, or `unknown` when the backend cannot be asked.
-fn sandbox_state(p: &ProjectState, local: &LocalArgs) -> &'static str {
-    let Ok(backend) = leased(backend_of(&p.name, None), &p.name, local) else {
-        return "unknown";
-    };
-    match Project::sandbox_state(&state_dir(), &p.name, backend.as_ref()) {
-        Ok(Some(state)) => state.as_str(),
-        Ok(None) => "gone",
-        Err(_) => "unknown",
+fn sandbox_state(p: &ProjectState, backend: Option<&dyn Backend>) -> &'static str {
+    match backend.map(|b| Project::sandbox_state(p, b)) {
+        Some(Ok(Some(state))) => state.as_str(),
+        Some(Ok(None)) => "gone",
+        Some(Err(_)) | None => "unknown",
     }
 }
 

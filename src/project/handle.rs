@@ -153,13 +153,13 @@ impl Project {
         }
     }
 
-    /// Whether the project's sandbox runs, is paused, or is gone (`None`), without resuming it.
+    /// Whether the recorded project's sandbox runs, is paused, or is gone (`None`), without
+    /// resuming it.
     pub fn sandbox_state(
-        state_dir: &Path,
-        name: &str,
+        state: &ProjectState,
         backend: &dyn Backend,
     ) -> Result<Option<RunState>, ProjectError> {
-        let (_, state) = load(state_dir, name, backend)?;
+        same_backend(state, backend)?;
         match backend.describe(&state.sandbox_id) {
             Ok(s) => Ok(Some(s.state)),
             Err(e) if e.class() == ErrorClass::Gone => Ok(None),
@@ -496,14 +496,20 @@ fn load(
         path: path.clone(),
         source: e.into(),
     })?;
-    if state.backend != backend.name() {
-        return Err(ProjectError::WrongBackend {
-            name: name.to_string(),
-            backend: state.backend,
-            wanted: backend.name().to_string(),
-        });
-    }
+    same_backend(&state, backend)?;
     Ok((dir, state))
+}
+
+/// Refuses a backend other than the one the project lives on.
+fn same_backend(state: &ProjectState, backend: &dyn Backend) -> Result<(), ProjectError> {
+    if state.backend == backend.name() {
+        return Ok(());
+    }
+    Err(ProjectError::WrongBackend {
+        name: state.name.clone(),
+        backend: state.backend.clone(),
+        wanted: backend.name().to_string(),
+    })
 }
 
 fn create_sandbox(
