@@ -54,6 +54,18 @@ def equal(name, got, want):
     check(name, got == want, f"got {got!r}, want {want!r}")
 
 
+def walk_pages(paginator, most=10):
+    """The sizes of a list's pages and the ids on them, at most `most` pages past the first."""
+    pages, seen = [], []
+    while paginator.has_next:
+        items = paginator.next_items()
+        pages.append(len(items))
+        seen.extend(i.sandbox_id for i in items)
+        if len(pages) > most:
+            break
+    return pages, seen
+
+
 def raises(name, exc_type, fn):
     """Check that fn() raises exc_type; return the exception (or None)."""
     try:
@@ -420,14 +432,7 @@ def test_list_pagination():
     made = [Sandbox.create(metadata=meta, timeout=120) for _ in range(5)]
     want = sorted(s.sandbox_id for s in made)
     paginator = Sandbox.list(query=SandboxQuery(metadata=meta), limit=2)
-    pages = []
-    seen = []
-    while paginator.has_next:
-        items = paginator.next_items()
-        pages.append(len(items))
-        seen.extend(i.sandbox_id for i in items)
-        if len(pages) > 10:
-            break
+    pages, seen = walk_pages(paginator)
     equal("list pages of 2 over 5", pages, [2, 2, 1])
     equal("list finds exactly the filtered sandboxes", sorted(seen), want)
     everything = Sandbox.list(query=SandboxQuery(metadata={"run": RUN})).next_items()
@@ -604,14 +609,7 @@ def test_list_by_state_with_pages():
     for s in made[1:]:
         s.pause()
     paginator = Sandbox.list(query=SandboxQuery(metadata=meta, state=[SandboxState.PAUSED]), limit=1)
-    pages = []
-    seen = []
-    while paginator.has_next:
-        items = paginator.next_items()
-        pages.append(len(items))
-        seen.extend(i.sandbox_id for i in items)
-        if len(pages) > 10:
-            break
+    pages, seen = walk_pages(paginator)
     equal("paused list pages of 1 over 2", pages, [1, 1])
     equal("paused list finds the paused ones", sorted(seen), sorted(s.sandbox_id for s in made[1:]))
     running = Sandbox.list(query=SandboxQuery(metadata=meta, state=[SandboxState.RUNNING])).next_items()

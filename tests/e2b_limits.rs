@@ -60,6 +60,22 @@ fn e2b(env: &Env, emu: &Emu, args: &[&str]) -> std::process::Command {
     c
 }
 
+/// One slow task through `eval --backend e2b -j 1` with `extra` options, into `env.out()`.
+fn eval_one(env: &Env, emu: &Emu, extra: &[&str]) -> std::process::Output {
+    let tasks = env.write_tasks(&slow_tasks(1, 0));
+    e2b(
+        env,
+        emu,
+        &["eval", "--backend", "e2b", "-j", "1", "--tasks"],
+    )
+    .arg(&tasks)
+    .args(extra)
+    .arg("--out")
+    .arg(env.out())
+    .output()
+    .unwrap()
+}
+
 fn leases(env: &Env) -> Vec<ledger::LeaseRecord> {
     ledger::read_leases(&env.home())
         .0
@@ -162,17 +178,7 @@ fn the_pool_kills_through_the_clients_one_retry_loop() {
     // its three repeats), not four times that many.
     let emu = start_with(faults("kill-429=1,retry-after=0"), 1);
     let env = Env::new();
-    let tasks = env.write_tasks(&slow_tasks(1, 0));
-    let o = e2b(
-        &env,
-        &emu,
-        &["eval", "--backend", "e2b", "-j", "1", "--tasks"],
-    )
-    .arg(&tasks)
-    .arg("--out")
-    .arg(env.out())
-    .output()
-    .unwrap();
+    let o = eval_one(&env, &emu, &[]);
     assert_eq!(o.status.code(), Some(3), "an unproven kill: {}", text(&o));
     assert_eq!(env.results()[0]["status"], "passed");
     let stats = emu.handle.stats();
@@ -223,23 +229,11 @@ fn an_eval_whose_create_outlives_its_limit_leaves_no_sandbox_and_no_creating_lea
     // one arrived, well after the client's four attempts have given up.
     let emu = start_with(faults("create-delay-ms=6000"), 1);
     let env = Env::new();
-    let tasks = env.write_tasks(&slow_tasks(1, 0));
-    let o = e2b(
+    let o = eval_one(
         &env,
         &emu,
-        &["eval", "--backend", "e2b", "-j", "1", "--tasks"],
-    )
-    .arg(&tasks)
-    .args([
-        "--e2b-api-timeout",
-        "1s",
-        "--transport-retries",
-        "0",
-        "--out",
-    ])
-    .arg(env.out())
-    .output()
-    .unwrap();
+        &["--e2b-api-timeout", "1s", "--transport-retries", "0"],
+    );
     assert_eq!(o.status.code(), Some(1), "the task errored: {}", text(&o));
     let rs = env.results();
     assert_eq!(rs[0]["status"], "error", "{rs:?}");

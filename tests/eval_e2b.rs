@@ -207,10 +207,7 @@ impl NpmWatch {
         let thread = std::thread::spawn(move || {
             let mut seen = std::collections::BTreeMap::new();
             while !flag.load(Ordering::SeqCst) {
-                for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-                    let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                        continue;
-                    };
+                for pid in support::proc_pids() {
                     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
                         continue;
                     };

@@ -73,14 +73,7 @@ fn pid_ns(pid: u32) -> Option<PathBuf> {
 fn states_in(holders: &[u32]) -> Vec<(u32, char)> {
     let spaces: Vec<PathBuf> = holders.iter().filter_map(|&h| pid_ns(h)).collect();
     let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in support::proc_pids() {
         if !pid_ns(pid).is_some_and(|ns| spaces.contains(&ns)) {
             continue;
         }

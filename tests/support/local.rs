@@ -42,11 +42,8 @@ pub fn text(b: &[u8]) -> String {
 /// Host pids of running processes whose command line contains `marker`: a sandbox's own
 /// pids (what `$!` says inside it) are not the host's.
 pub fn running(marker: &str) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    super::proc_pids()
+        .into_iter()
         .filter(|&pid| {
             pid_alive(pid)
                 && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {

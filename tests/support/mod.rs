@@ -201,6 +201,16 @@ pub fn wait_for(what: &str, within: Duration, cond: impl FnMut() -> bool) {
     assert!(eventually(within, cond), "timed out waiting for {what}");
 }
 
+/// Every pid `/proc` lists now (none when it cannot be read).
+pub fn proc_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .collect()
+}
+
 /// Whether a host process is alive, zombies excluded.
 pub fn pid_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
