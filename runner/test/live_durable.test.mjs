@@ -125,7 +125,10 @@ test("durable: the host loses stdout mid-turn; frames keep landing on disk and t
   disk.forEach((e, i) => assert.equal(e.transport_seq, i + 1));
   assert.deepEqual(disk.slice(0, r.lines.length).map((e) => JSON.stringify(e)), r.lines);
   assert.ok(disk.length > seenOnStdout);
-  assert.equal(readFileSync(join(dir, "head"), "utf8"), `${disk.length}\n`);
+  // A frame's file is committed before the head names it: wait for the head to catch up.
+  const head = () => readFileSync(join(dir, "head"), "utf8");
+  await until(() => head() === `${readOutbox(dir).length}\n`, "the head at the last frame");
+  assert.equal(head(), `${readOutbox(dir).length}\n`);
   assert.match(readFileSync(join(dir, "stderr.log"), "utf8"), /stdout failed .*frames continue in the durable outbox/);
   assert.equal(r.exitInfo, undefined, "the runner is still alive");
   r.send({ type: "shutdown" }); // in 8
