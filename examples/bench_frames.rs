@@ -27,8 +27,8 @@ use wmo_e2b::channel::frame;
 use wmo_e2b::channel::StdioChannel;
 use wmo_e2b::sandbox::local::LocalBackend;
 use wmo_e2b::sandbox::{
-    CreateSpec, Output, Process, ProcessEvent, ProcessInfo, Result as SbResult, RunOpts, Sandbox,
-    SandboxError, SpawnOpts,
+    sink, CreateSpec, Output, OutputSink, Process, ProcessEvent, ProcessInfo, Result as SbResult,
+    RunOpts, Sandbox, SandboxError, SpawnOpts,
 };
 
 mod bench_common;
@@ -126,7 +126,7 @@ impl Sandbox for NullSandbox {
     fn run(&self, _: &str, _: &RunOpts) -> SbResult<Output> {
         unsupported()
     }
-    fn spawn(&self, _: &str, _: &SpawnOpts) -> SbResult<Process> {
+    fn spawn_into(&self, _: &str, _: &SpawnOpts, _: Box<dyn OutputSink>) -> SbResult<u32> {
         unsupported()
     }
     fn connect(&self, _: u32) -> SbResult<Process> {
@@ -231,19 +231,19 @@ fn check_last(f: &frame::Frame, n: usize) {
 /// `whole`: every frame is read whole, as the broker reads a tool or model request (and as
 /// the reference hands out a dict); without it frames are only routed, by type and id.
 fn bench_recv(lines: &[Vec<u8>], n: usize, chunking: &str, whole: bool) -> (usize, f64, f64) {
-    // The local backend's per-process event buffer is 64 chunks, too.
-    let (tx, rx) = crossbeam_channel::bounded(64);
+    // The feeder stands where a backend's reading thread stands: it hands each chunk to the
+    // channel's sink, which cuts it into frames there.
+    let (mut channel, mut sink) = StdioChannel::fed(Arc::new(NullSandbox), 4242, None);
     let events: Vec<Vec<u8>> = lines.to_vec();
     let chunked = chunking == "64k";
     let cpu0 = cpu_s();
     let t0 = Instant::now();
     let feeder = std::thread::spawn(move || {
+        let mut feed =
+            |chunk: Vec<u8>| sink::deliver(&mut sink, ProcessEvent::Stdout(chunk), &mut || true);
         if !chunked {
             for i in 0..n {
-                if tx
-                    .send(ProcessEvent::Stdout(events[i % RING].clone()))
-                    .is_err()
-                {
+                if !feed(events[i % RING].clone()) {
                     return;
                 }
             }
@@ -254,26 +254,17 @@ fn bench_recv(lines: &[Vec<u8>], n: usize, chunking: &str, whole: bool) -> (usiz
                 while buf.len() >= CHUNK {
                     let rest = buf.split_off(CHUNK);
                     let chunk = std::mem::replace(&mut buf, rest);
-                    if tx.send(ProcessEvent::Stdout(chunk)).is_err() {
+                    if !feed(chunk) {
                         return;
                     }
                 }
             }
             if !buf.is_empty() {
-                let _ = tx.send(ProcessEvent::Stdout(buf));
+                feed(buf);
             }
         }
-        // Keep the stream open until the consumer is done (no Exit event mid-run).
-        let _ = tx.send(ProcessEvent::Stdout(Vec::new()));
+        // Dropping the sink ends the stream only after every frame sent through it.
     });
-    let mut channel = StdioChannel::new(
-        Arc::new(NullSandbox),
-        Process {
-            pid: 4242,
-            events: rx,
-        },
-        None,
-    );
     let mut last = None;
     for _ in 0..n {
         let f = channel
@@ -313,18 +304,8 @@ fn bench_pipe(lines: &[Vec<u8>], n: usize) -> (usize, f64, f64) {
     let cmd = format!("cat {}", vec!["ring.txt"; reps].join(" "));
     let cpu0 = cpu_s();
     let t0 = Instant::now();
-    let process = sandbox
-        .spawn(
-            &cmd,
-            &SpawnOpts {
-                cwd: None,
-                envs: Vec::new(),
-                stdin: false,
-                ..SpawnOpts::default()
-            },
-        )
-        .unwrap();
-    let mut channel = StdioChannel::new(sandbox.clone(), process, None);
+    let mut channel =
+        StdioChannel::spawn(sandbox.clone(), &cmd, &SpawnOpts::default(), None).unwrap();
     let mut last = None;
     for _ in 0..n {
         let f = channel
@@ -370,15 +351,7 @@ fn bench_decode(lines: &[Vec<u8>], n: usize) -> (usize, f64, f64) {
 
 /// `StdioChannel::send` to a sandbox that drops the bytes.
 fn bench_send(frames: &[Value], n: usize) -> (usize, f64, f64) {
-    let (_tx, rx) = crossbeam_channel::bounded::<ProcessEvent>(1);
-    let channel = StdioChannel::new(
-        Arc::new(NullSandbox),
-        Process {
-            pid: 4242,
-            events: rx,
-        },
-        None,
-    );
+    let (channel, _sink) = StdioChannel::fed(Arc::new(NullSandbox), 4242, None);
     let cpu0 = cpu_s();
     let t0 = Instant::now();
     for i in 0..n {

@@ -8,7 +8,7 @@ use wmo_e2b::sandbox::{Backend, SpawnOpts};
 
 mod support;
 
-use support::{local_sandbox, spawn_with_stdin};
+use support::local_sandbox;
 
 fn line(v: serde_json::Value) -> String {
     String::from_utf8(frame::encode(&v)).unwrap()
@@ -33,8 +33,7 @@ fn garbage_and_oversized_lines_become_diagnostics_and_frames_still_flow() {
     )
     .unwrap();
     let cmd = format!("bash {script}");
-    let process = sb.spawn(&cmd, &SpawnOpts::default()).unwrap();
-    let mut ch = StdioChannel::new(sb.clone(), process, None);
+    let mut ch = StdioChannel::spawn(sb.clone(), &cmd, &SpawnOpts::default(), None).unwrap();
     let first = ch.recv(Duration::from_secs(20)).unwrap().unwrap();
     assert_eq!(first["type"], "hello");
     // The keepalive is consumed by the channel; the next frame is the request.
@@ -69,8 +68,11 @@ fn garbage_and_oversized_lines_become_diagnostics_and_frames_still_flow() {
 fn a_closed_channel_reads_as_a_clean_end() {
     let dir = tempfile::tempdir().unwrap();
     let (backend, sb) = local_sandbox(dir.path());
-    let process = spawn_with_stdin(sb.as_ref(), "cat > /dev/null");
-    let mut ch = StdioChannel::new(sb.clone(), process, None);
+    let stdin = SpawnOpts {
+        stdin: true,
+        ..SpawnOpts::default()
+    };
+    let mut ch = StdioChannel::spawn(sb.clone(), "cat > /dev/null", &stdin, None).unwrap();
     assert!(matches!(
         ch.recv(Duration::from_millis(50)),
         Err(ChannelError::Timeout { .. })

@@ -4,10 +4,13 @@
 //! Every test owns a fresh state directory. Waits are bounded polls for a condition.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
+use wmo_e2b::channel::StdioChannel;
 use wmo_e2b::sandbox::local::LocalBackend;
+use wmo_e2b::sandbox::sink::EVENT_BUFFER;
 use wmo_e2b::sandbox::{
     Backend, CreateSpec, ErrorClass, Metadata, RunOpts, SandboxError, SpawnOpts,
 };
@@ -319,4 +322,116 @@ fn a_sandbox_dies_at_its_deadline() {
     assert!(!listed(&b));
     assert_eq!(collect(&p.events, WAIT).exit, Some(None));
     assert!(matches!(sh_err(&*sb), SandboxError::Gone { .. }));
+}
+
+/// The names of this process's threads.
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .collect()
+}
+
+/// How many threads this process has once the ones a new sandbox starts in the background
+/// (its spare namespace) are done: the same count twice, 20 ms apart, none of those among
+/// them.
+fn our_threads() -> usize {
+    let transient = |n: &String| n.starts_with("lsb-spare") || n.starts_with("lsb-holder");
+    let mut last = usize::MAX;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let names = thread_names();
+        if (names.len() == last && !names.iter().any(transient)) || Instant::now() > deadline {
+            return names.len();
+        }
+        last = names.len();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// At a thousand live sandboxes threads are the host's cost: a background process costs one
+/// (its pipes and its exit watched together, and a framed channel's frames cut there too), a
+/// foreground command none, and a process's thread ends with it.
+#[test]
+fn a_background_process_costs_one_thread_and_a_command_none() {
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let before = our_threads();
+    let cat = spawn_with_stdin(&*sb, "cat");
+    assert_eq!(our_threads(), before + 1, "a background process");
+    let stdin = SpawnOpts {
+        stdin: true,
+        ..SpawnOpts::default()
+    };
+    let channel = StdioChannel::spawn(sb.clone(), "cat", &stdin, None).unwrap();
+    assert_eq!(our_threads(), before + 2, "a framed channel");
+    let done = AtomicBool::new(false);
+    let most = std::thread::scope(|s| {
+        // Counts from a thread of its own: one more.
+        let sampler = s.spawn(|| {
+            let mut most = 0;
+            while !done.load(Ordering::SeqCst) {
+                most = most.max(thread_names().len());
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            most
+        });
+        let out = sh(&*sb, "sleep 0.3; echo ran; echo also >&2");
+        assert_eq!(out.stdout.to_text(), "ran\n");
+        assert_eq!(out.stderr.to_text(), "also\n");
+        done.store(true, Ordering::SeqCst);
+        sampler.join().unwrap()
+    });
+    assert_eq!(most, before + 3, "a foreground command");
+    sb.close_stdin(cat.pid).unwrap();
+    sb.close_stdin(channel.pid()).unwrap();
+    let c = collect(&cat.events, WAIT);
+    assert_eq!(c.exit, Some(Some(0)));
+    assert!(
+        eventually(WAIT, || our_threads() == before),
+        "the threads of ended processes are gone: {} left over",
+        our_threads() - before
+    );
+}
+
+/// A subscriber that stops reading holds up the output (backpressure), never the reaping:
+/// a kill of the process still confirms it gone.
+#[test]
+fn a_process_nobody_reads_is_still_reaped_when_killed() {
+    let (_d, b) = backend();
+    let sb = create(&b);
+    // Far more than the event buffer and the pipe hold, so its delivery blocks.
+    let p = sb
+        .spawn("head -c 100000000 /dev/zero", &SpawnOpts::default())
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        p.events.len(),
+        EVENT_BUFFER,
+        "the subscriber's buffer is full"
+    );
+    sb.kill_process(p.pid).unwrap();
+    assert!(
+        sb.processes().unwrap().iter().all(|i| i.pid != p.pid),
+        "the killed process is still listed"
+    );
+}
+
+/// A process that escaped a command's group and still writes to the pipes it inherited
+/// outlives the command's return: its writes are read and dropped, never a broken pipe.
+#[test]
+fn an_escaped_process_keeps_writing_after_its_command_returns() {
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let out = sh(
+        &*sb,
+        "setsid bash -c 'touch ~/escaped; sleep 0.6; echo late; echo later >&2; touch ~/survived' & \
+         until [ -e ~/escaped ]; do sleep 0.01; done; echo started",
+    );
+    assert_eq!(out.stdout.to_text(), "started\n");
+    let marker = format!("{}/survived", sb.home());
+    assert!(
+        eventually(WAIT, || sb.read_file(&marker).is_ok()),
+        "the escaped process died writing to its inherited pipe"
+    );
 }

@@ -14,8 +14,9 @@ use wmo_e2b::provider::scripted::FixedScript;
 use wmo_e2b::provider::{Completion, ModelCall, Provider, ProviderError};
 use wmo_e2b::sandbox::local::LocalBackend;
 use wmo_e2b::sandbox::{
-    Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, PauseKind, Paused, Process,
-    ProcessEvent, ProcessInfo, Result, RunOpts, Sandbox, SandboxError, SandboxSummary, SpawnOpts,
+    Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, OutputSink, PauseKind, Paused,
+    Process, ProcessEvent, ProcessInfo, Result, RunOpts, Sandbox, SandboxError, SandboxSummary,
+    SpawnOpts,
 };
 use wmo_e2b::task::ScriptStep;
 
@@ -80,6 +81,9 @@ impl Sandbox for CutSandbox {
     }
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
         self.inner.run(cmd, opts)
+    }
+    fn spawn_into(&self, cmd: &str, opts: &SpawnOpts, sink: Box<dyn OutputSink>) -> Result<u32> {
+        self.inner.spawn_into(cmd, opts, sink)
     }
     fn spawn(&self, cmd: &str, opts: &SpawnOpts) -> Result<Process> {
         let p = self.inner.spawn(cmd, opts)?;

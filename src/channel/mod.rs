@@ -15,7 +15,7 @@ pub use durable::DurableChannel;
 pub use error::ChannelError;
 pub use frame::{frame_type, Frame, FrameError};
 pub use renewal::LeaseRenewal;
-pub use stdio::StdioChannel;
+pub use stdio::{FrameSink, StdioChannel};
 
 /// Frames to and from one runner: the stdio channel of an eval episode, or the durable
 /// channel of a project turn. The broker is written against this alone.

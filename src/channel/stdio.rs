@@ -1,10 +1,12 @@
 //! The stdio channel: frames over a background process's stdin and stdout.
 //!
-//! One reader thread per channel turns the process's output events into frames on a
-//! crossbeam channel. It reassembles partial lines, drops (with a diagnostic) any line over
-//! [`MAX_LINE`] instead of buffering it, keeps the last [`STDERR_LINES`] stderr lines for
-//! error messages, and consumes `transport_keepalive` frames itself (renewing the sandbox
-//! lease) so they never reach the broker.
+//! The process's output is cut into frames by a [`FrameSink`] on the backend's own reading
+//! thread (no thread of the channel's, no hand-off per chunk), and every frame of a chunk
+//! crosses to the consumer in one batch. The sink reassembles partial lines, drops (with a
+//! diagnostic) any line over [`MAX_LINE`] instead of buffering it, keeps the last
+//! [`STDERR_LINES`] stderr lines for error messages, and consumes `transport_keepalive`
+//! frames itself (renewing the sandbox lease, even while the consumer is busy elsewhere) so
+//! they never reach the broker.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,10 +19,11 @@ use super::error::ChannelError;
 use super::frame::{self, frame_type, Frame};
 use super::lines::{LineBuffer, Piece};
 use super::renewal::LeaseRenewal;
-use crate::sandbox::{Process, ProcessEvent, Sandbox, SandboxError};
+use crate::sandbox::sink::{self, Delivery, OutputSink};
+use crate::sandbox::{ProcessEvent, Sandbox, SandboxError, SpawnOpts};
 use crate::sync::lock;
 
-/// Longest line the reader assembles; a longer one is skipped as a diagnostic.
+/// Longest line the sink assembles; a longer one is skipped as a diagnostic.
 pub const MAX_LINE: usize = 64 << 20;
 /// Stderr lines kept for error messages.
 pub const STDERR_LINES: usize = 50;
@@ -34,14 +37,14 @@ enum End {
     Failed(Arc<SandboxError>),
 }
 
-/// What the reader hands over: every frame of one stdout chunk at once (one wake-up for a
+/// What the sink hands over: every frame of one stdout chunk at once (one wake-up for a
 /// chunk holding hundreds of small frames), or the end.
 enum Incoming {
     Frames(Vec<Frame>),
     End(End),
 }
 
-/// State the reader thread and the channel both touch.
+/// State the sink and the channel both touch.
 struct Shared {
     stderr: Mutex<VecDeque<String>>,
     renewal: Mutex<Option<LeaseRenewal>>,
@@ -82,9 +85,26 @@ pub struct StdioChannel {
 }
 
 impl StdioChannel {
-    /// Starts the reader thread over `process`'s events. With `renewal`, keepalives during an
-    /// episode extend the sandbox's timeout.
-    pub fn new(sandbox: Arc<dyn Sandbox>, process: Process, renewal: Option<LeaseRenewal>) -> Self {
+    /// Starts `cmd` in `sandbox` as a background process and frames its output. With
+    /// `renewal`, keepalives during an episode extend the sandbox's timeout.
+    pub fn spawn(
+        sandbox: Arc<dyn Sandbox>,
+        cmd: &str,
+        opts: &SpawnOpts,
+        renewal: Option<LeaseRenewal>,
+    ) -> Result<StdioChannel, SandboxError> {
+        let (mut channel, sink) = StdioChannel::fed(sandbox, 0, renewal);
+        channel.pid = channel.sandbox.spawn_into(cmd, opts, Box::new(sink))?;
+        Ok(channel)
+    }
+
+    /// A channel to process `pid` of `sandbox` whose output the caller hands to the returned
+    /// sink.
+    pub fn fed(
+        sandbox: Arc<dyn Sandbox>,
+        pid: u32,
+        renewal: Option<LeaseRenewal>,
+    ) -> (StdioChannel, FrameSink) {
         let shared = Arc::new(Shared {
             stderr: Mutex::new(VecDeque::with_capacity(STDERR_LINES)),
             renewal: Mutex::new(renewal),
@@ -92,34 +112,24 @@ impl StdioChannel {
         // Bounded so a runner that floods frames is slowed by backpressure rather than
         // growing host memory: at most this many chunks' frames wait.
         let (tx, rx) = crossbeam_channel::bounded(1024);
-        let reader = Reader {
+        let sink = FrameSink {
             sandbox: sandbox.clone(),
             shared: shared.clone(),
             tx,
+            kept: None,
             stdout: LineBuffer::default(),
             stderr: LineBuffer::default(),
         };
-        let events = process.events;
-        let spawned = std::thread::Builder::new()
-            .name(format!("chan-{}", process.pid))
-            .spawn(move || reader.run(events));
-        let mut ended = None;
-        if let Err(e) = spawned {
-            ended = Some(End::Failed(Arc::new(SandboxError::Io {
-                id: sandbox.id().to_string(),
-                what: "starting the channel reader thread".into(),
-                source: e,
-            })));
-        }
-        StdioChannel {
+        let channel = StdioChannel {
             sandbox,
-            pid: process.pid,
+            pid,
             rx,
             ready: VecDeque::new(),
             shared,
-            ended,
+            ended: None,
             closed: false,
-        }
+        };
+        (channel, sink)
     }
 
     pub fn pid(&self) -> u32 {
@@ -195,7 +205,7 @@ impl StdioChannel {
                 self.ready.extend(batch);
                 match self.ready.pop_front() {
                     Some(f) => Ok(Some(f)),
-                    // The reader sends no empty batch; one would be a wait that found nothing.
+                    // The sink sends no empty batch; one would be a wait that found nothing.
                     None => Err(ChannelError::Timeout {
                         waited: timeout,
                         stderr_tail: self.shared.tail(),
@@ -300,38 +310,57 @@ fn clone_sandbox_error(e: &SandboxError) -> SandboxError {
     }
 }
 
-struct Reader {
+/// Cuts a runner's output into frames where the backend reads it, and hands each chunk's
+/// frames to the channel in one batch.
+pub struct FrameSink {
     sandbox: Arc<dyn Sandbox>,
     shared: Arc<Shared>,
     tx: Sender<Incoming>,
+    /// What an offer could not hand on yet (the consumer is slow).
+    kept: Option<Incoming>,
     stdout: LineBuffer,
     stderr: LineBuffer,
 }
 
-impl Reader {
-    fn run(mut self, events: Receiver<ProcessEvent>) {
-        let end = loop {
-            match events.recv() {
-                Ok(ProcessEvent::Stdout(chunk)) => {
-                    if !self.on_stdout(&chunk) {
-                        return;
-                    }
+impl OutputSink for FrameSink {
+    fn offer(&mut self, event: ProcessEvent, within: Duration) -> Delivery {
+        let incoming = match event {
+            ProcessEvent::Stdout(chunk) => {
+                let frames = self.on_stdout(&chunk);
+                if frames.is_empty() {
+                    return Delivery::Done;
                 }
-                Ok(ProcessEvent::Stderr(chunk)) => self.on_stderr(&chunk),
-                Ok(ProcessEvent::Exit(code)) => break End::Exited(code),
-                Ok(ProcessEvent::Failed(e)) => {
-                    self.shared
-                        .push_stderr(format!("[channel] output stream failed: {e}"));
-                    break End::Failed(Arc::new(e));
-                }
-                Err(_) => break End::Exited(None),
+                Incoming::Frames(frames)
+            }
+            ProcessEvent::Stderr(chunk) => {
+                self.on_stderr(&chunk);
+                return Delivery::Done;
+            }
+            ProcessEvent::Exit(code) => Incoming::End(End::Exited(code)),
+            ProcessEvent::Failed(e) => {
+                self.shared
+                    .push_stderr(format!("[channel] output stream failed: {e}"));
+                Incoming::End(End::Failed(Arc::new(e)))
             }
         };
-        let _ = self.tx.send(Incoming::End(end));
+        self.send(incoming, within)
     }
 
-    /// Returns false when the channel was dropped and reading is pointless.
-    fn on_stdout(&mut self, chunk: &[u8]) -> bool {
+    fn retry(&mut self, within: Duration) -> Delivery {
+        match self.kept.take() {
+            Some(incoming) => self.send(incoming, within),
+            None => Delivery::Done,
+        }
+    }
+}
+
+impl FrameSink {
+    fn send(&mut self, incoming: Incoming, within: Duration) -> Delivery {
+        sink::send_or_keep(&self.tx, incoming, within, &mut self.kept)
+    }
+
+    /// The frames of a stdout chunk, keepalives taken out (and acted on).
+    fn on_stdout(&mut self, chunk: &[u8]) -> Vec<Frame> {
         let mut frames = Vec::new();
         let shared = &self.shared;
         self.stdout.feed(chunk, MAX_LINE, |piece| match piece {
@@ -368,7 +397,7 @@ impl Reader {
         if keepalive {
             self.renew();
         }
-        frames.is_empty() || self.tx.send(Incoming::Frames(frames)).is_ok()
+        frames
     }
 
     fn on_stderr(&mut self, chunk: &[u8]) {

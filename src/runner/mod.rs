@@ -172,23 +172,19 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
     // Command text never names absolute sandbox paths (the working directory is passed
     // separately), so it reads the same wherever a backend keeps the sandbox's home.
     let command = format!("exec node {}", assets::EPISODE_RUNNER);
-    let process = sandbox
-        .spawn(
-            &command,
-            &SpawnOpts {
-                role: crate::sandbox::Role::System,
-                cwd: Some(dir.clone()),
-                envs,
-                stdin: true,
-            },
-        )
+    let spawn = SpawnOpts {
+        role: crate::sandbox::Role::System,
+        cwd: Some(dir.clone()),
+        envs,
+        stdin: true,
+    };
+    let mut channel = StdioChannel::spawn(sandbox.clone(), &command, &spawn, opts.renewal.clone())
         .map_err(|source| RunnerError::Start {
             id: id.clone(),
             command: command.clone(),
             source,
         })?;
-    let pid = process.pid;
-    let mut channel = StdioChannel::new(sandbox.clone(), process, opts.renewal.clone());
+    let pid = channel.pid();
     let hello = match channel.wait_hello(opts.hello_timeout) {
         Ok(hello) => hello.into_body(),
         Err(source) => {

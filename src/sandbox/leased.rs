@@ -15,8 +15,8 @@ use super::ledger::{
     TAG_LEASE, TAG_OWNER, TAG_RUN,
 };
 use super::{
-    Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, PauseKind, Paused, Process,
-    ProcessInfo, Result, RunOpts, Sandbox, SandboxError, SandboxSummary, SpawnOpts,
+    Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, OutputSink, PauseKind, Paused,
+    Process, ProcessInfo, Result, RunOpts, Sandbox, SandboxError, SandboxSummary, SpawnOpts,
 };
 use crate::backoff::Backoff;
 use crate::sync::lock;
@@ -304,8 +304,8 @@ impl Sandbox for LeasedSandbox {
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
         self.inner.run(cmd, opts)
     }
-    fn spawn(&self, cmd: &str, opts: &SpawnOpts) -> Result<Process> {
-        self.inner.spawn(cmd, opts)
+    fn spawn_into(&self, cmd: &str, opts: &SpawnOpts, sink: Box<dyn OutputSink>) -> Result<u32> {
+        self.inner.spawn_into(cmd, opts, sink)
     }
     fn connect(&self, pid: u32) -> Result<Process> {
         self.inner.connect(pid)

@@ -10,12 +10,15 @@ pub mod inventory;
 pub mod leased;
 pub mod ledger;
 pub mod local;
+pub mod sink;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
+
+pub use sink::{Delivery, EventSink, OutputSink};
 
 /// Metadata attached to a sandbox at create time and used as a list filter.
 pub type Metadata = BTreeMap<String, String>;
@@ -268,7 +271,16 @@ pub trait Sandbox: Send + Sync {
     /// sandbox cannot be proven clean and must not serve another task.
     fn reset(&self) -> Result<()>;
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output>;
-    fn spawn(&self, cmd: &str, opts: &SpawnOpts) -> Result<Process>;
+    /// Starts a background process whose output `sink` takes, on the thread that reads it;
+    /// returns its pid.
+    fn spawn_into(&self, cmd: &str, opts: &SpawnOpts, sink: Box<dyn OutputSink>) -> Result<u32>;
+    /// Starts a background process whose output arrives as events.
+    fn spawn(&self, cmd: &str, opts: &SpawnOpts) -> Result<Process> {
+        let (sink, events) = EventSink::new();
+        let pid = self.spawn_into(cmd, opts, Box::new(sink))?;
+        Ok(Process { pid, events })
+    }
+    /// A new event stream of a background process; the previous subscriber's ends.
     fn connect(&self, pid: u32) -> Result<Process>;
     fn send_stdin(&self, pid: u32, data: &[u8]) -> Result<()>;
     fn close_stdin(&self, pid: u32) -> Result<()>;

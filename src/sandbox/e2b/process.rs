@@ -1,23 +1,15 @@
-//! Process streams: the reader thread that turns a Start or Connect stream into
-//! [`ProcessEvent`]s, and the collector behind a foreground `run`.
+//! Process streams: the reader thread that hands a Start or Connect stream's
+//! [`ProcessEvent`]s to a sink, and the collector behind a foreground `run`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use crossbeam_channel::{bounded, Receiver, SendTimeoutError, Sender};
 
 use super::envd::{Envd, EventStream, StreamEvent};
 use super::error::{EnvdFailure, Subject};
+use crate::sandbox::sink::{self, OutputSink};
 use crate::sandbox::{Captured, ProcessEvent};
 use crate::sync::lock;
-
-/// Events buffered per stream before the reader stops reading (and envd, in turn, stops the
-/// process's output): backpressure, never loss.
-const EVENT_BUFFER: usize = 64;
-/// How often a delivery blocked on a slow consumer checks whether a newer stream replaced it.
-const RETARGET_POLL: Duration = Duration::from_millis(100);
 
 /// Which reader owns each process's output. envd fans output out to every attached stream and
 /// waits for the slowest, so a stream whose consumer went away without dropping its receiver
@@ -96,31 +88,33 @@ impl ReaderTicket {
     }
 }
 
-/// Starts the thread that carries `stream`'s events to the returned receiver: output in
-/// order, then `Exit` or `Failed`, then nothing.
+/// Starts the thread that carries `stream`'s events to `sink`: output in order, then `Exit`
+/// or `Failed`, then nothing.
 pub fn start_reader(
     ticket: ReaderTicket,
     stream: EventStream,
-) -> std::io::Result<Receiver<ProcessEvent>> {
-    let (tx, rx) = bounded(EVENT_BUFFER);
+    mut sink: Box<dyn OutputSink>,
+) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name(format!("e2b-proc-{}", ticket.pid))
         .spawn(move || {
-            pump(&ticket, stream, &tx);
+            pump(&ticket, stream, sink.as_mut());
             ticket
                 .readers
                 .release(&ticket.sandbox_id, ticket.pid, ticket.generation);
         })?;
-    Ok(rx)
+    Ok(())
 }
 
-fn pump(ticket: &ReaderTicket, mut stream: EventStream, tx: &Sender<ProcessEvent>) {
+fn pump(ticket: &ReaderTicket, mut stream: EventStream, sink: &mut dyn OutputSink) {
+    // Waiting on a slow consumer, as long as this reader is still the current one.
+    let mut deliver = |event| sink::deliver(sink, event, &mut || ticket.is_current());
     loop {
         let event = match stream.next_event() {
             Ok(Some(StreamEvent::Stdout(bytes))) => ProcessEvent::Stdout(bytes),
             Ok(Some(StreamEvent::Stderr(bytes))) => ProcessEvent::Stderr(bytes),
             Ok(Some(StreamEvent::End(code))) => {
-                if deliver(ticket, tx, ProcessEvent::Exit(code)) {
+                if deliver(ProcessEvent::Exit(code)) {
                     // The end-of-stream message follows; reading it lets the connection be
                     // reused. Nobody waits on this read.
                     let _ = stream.next_event();
@@ -141,26 +135,8 @@ fn pump(ticket: &ReaderTicket, mut stream: EventStream, tx: &Sender<ProcessEvent
             Err(failure) => ticket.failed(failure),
         };
         let last = matches!(event, ProcessEvent::Failed(_));
-        if !deliver(ticket, tx, event) || last {
+        if !deliver(event) || last {
             return;
-        }
-    }
-}
-
-/// Sends one event, waiting for a slow consumer as long as this reader is still current.
-/// Returns false when nobody will ever read it.
-fn deliver(ticket: &ReaderTicket, tx: &Sender<ProcessEvent>, event: ProcessEvent) -> bool {
-    let mut event = event;
-    loop {
-        match tx.send_timeout(event, RETARGET_POLL) {
-            Ok(()) => return true,
-            Err(SendTimeoutError::Disconnected(_)) => return false,
-            Err(SendTimeoutError::Timeout(back)) => {
-                if !ticket.is_current() {
-                    return false;
-                }
-                event = back;
-            }
         }
     }
 }

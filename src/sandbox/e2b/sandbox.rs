@@ -14,7 +14,8 @@ use super::error::{Code, EnvdFailure, Subject};
 use super::process::{self, ReaderTicket, Readers};
 use super::reuse;
 use crate::sandbox::{
-    Output, Process, ProcessInfo, Result, Role, RunOpts, Sandbox, SandboxError, SpawnOpts,
+    EventSink, Output, OutputSink, Process, ProcessInfo, Result, Role, RunOpts, Sandbox,
+    SandboxError, SpawnOpts,
 };
 use crate::sync::lock;
 
@@ -161,8 +162,8 @@ impl E2bSandbox {
         opened.map_err(|f| self.envd.confirm(f).into_error(&self.id, what, subject))
     }
 
-    /// Hands a started stream to a reader thread.
-    fn attach(&self, pid: u32, stream: EventStream) -> Result<Process> {
+    /// Hands a started stream to a reader thread that feeds `sink`.
+    fn attach(&self, pid: u32, stream: EventStream, sink: Box<dyn OutputSink>) -> Result<()> {
         let ticket = ReaderTicket {
             envd: self.envd.clone(),
             sandbox_id: self.id.clone(),
@@ -170,12 +171,11 @@ impl E2bSandbox {
             readers: Arc::clone(&self.readers),
             generation: self.readers.claim(&self.id, pid),
         };
-        let events = process::start_reader(ticket, stream).map_err(|e| SandboxError::Io {
+        process::start_reader(ticket, stream, sink).map_err(|e| SandboxError::Io {
             id: self.id.clone(),
             what: format!("starting the output reader of process {pid}"),
             source: e,
-        })?;
-        Ok(Process { pid, events })
+        })
     }
 
     /// Runs one of the reuse scripts as root; anything but exit 0 means not provably clean.
@@ -278,7 +278,7 @@ impl Sandbox for E2bSandbox {
         })
     }
 
-    fn spawn(&self, cmd: &str, opts: &SpawnOpts) -> Result<Process> {
+    fn spawn_into(&self, cmd: &str, opts: &SpawnOpts, sink: Box<dyn OutputSink>) -> Result<u32> {
         let request = self.start_request(cmd, opts.cwd.as_deref(), &opts.envs, opts.stdin);
         // No lifetime: envd would kill a long-lived runner when it passed.
         let (pid, stream) = self.open(
@@ -292,7 +292,8 @@ impl Sandbox for E2bSandbox {
         if opts.role == Role::System {
             lock(&self.system_pids).push(pid);
         }
-        self.attach(pid, stream)
+        self.attach(pid, stream, sink)?;
+        Ok(pid)
     }
 
     fn connect(&self, pid: u32) -> Result<Process> {
@@ -311,7 +312,9 @@ impl Sandbox for E2bSandbox {
             )
             .into_error(&self.id, "attaching to a process", Subject::Process(pid)));
         }
-        self.attach(pid, stream)
+        let (sink, events) = EventSink::new();
+        self.attach(pid, stream, Box::new(sink))?;
+        Ok(Process { pid, events })
     }
 
     fn send_stdin(&self, pid: u32, data: &[u8]) -> Result<()> {

@@ -41,6 +41,7 @@
 //! holder_start  starting a holder
 //! outlet        a background process's output, to its current subscriber
 //! proc_table    the processes this wmo-e2b process started and has not reaped
+//! watch         a child's output pipes and exit, watched from one thread
 //! snapshot      copies and listings of directory trees
 //! teardown      killing a sandbox
 //! freeze        stopping and continuing every process of a sandbox's namespaces
@@ -70,6 +71,7 @@ mod snapshot;
 mod state;
 mod sys;
 mod teardown;
+mod watch;
 
 pub use backend::{LocalBackend, LocalOptions};
 pub use confined::Beneath;

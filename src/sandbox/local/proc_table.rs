@@ -1,7 +1,7 @@
 //! The processes this wmo-e2b process started in a sandbox and has not reaped yet, shared by
 //! every handle on the sandbox so that `connect(pid)`, `send_stdin` and kills work from any.
 //!
-//! A process's leader is reaped by one waiter thread; until then its zombie keeps the pid (and
+//! A process's leader is reaped by the thread that watches it (see `watch`); until then its zombie keeps the pid (and
 //! so the group id) from being reused, which is what makes group signals from other threads
 //! safe. Every group signal takes the entry's `reaped` lock, so none races the reaping.
 
@@ -94,10 +94,11 @@ impl ProcEntry {
         self.outlet.as_ref()?.subscribe()
     }
 
-    /// Hands a chunk of output to the subscriber (background processes only).
-    pub fn deliver(&self, event: ProcessEvent) {
+    /// Hands a chunk of output to the subscriber (background processes only); see
+    /// [`Outlet::deliver`] for `while_blocked`.
+    pub fn deliver(&self, event: ProcessEvent, while_blocked: &mut dyn FnMut()) {
         if let Some(outlet) = &self.outlet {
-            outlet.deliver(event);
+            outlet.deliver(event, while_blocked);
         }
     }
 

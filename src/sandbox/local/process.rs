@@ -3,18 +3,18 @@
 //!
 //! Every process is `bash -c` in its own process group, recorded in `procs/<pid>` before the
 //! caller hears of it, so a kill from any wmo-e2b process finds it, and entered in the
-//! sandbox's process table (see `proc_table`) until its waiter thread reaps it.
+//! sandbox's process table (see `proc_table`) until the thread watching it (see `watch`) reaps
+//! it.
 
 use std::collections::BTreeMap;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::Sender;
 
 use super::enter::Request;
 use super::isolation::Bwrap;
@@ -24,13 +24,12 @@ use super::outlet::Outlet;
 use super::proc_table::{ProcEntry, KILL_WAIT};
 use super::state::{Mode, SandboxState};
 use super::sys;
+use super::watch::{Watch, STDOUT};
 use crate::sandbox::{
-    Captured, Output, Process, ProcessEvent, Result, Role, RunOpts, SandboxError,
+    Captured, Output, OutputSink, ProcessEvent, Result, Role, RunOpts, SandboxError,
 };
 use crate::sync::lock;
 
-/// Read size for process output: large, because a runner may stream megabytes of frames.
-const READ_CHUNK: usize = 64 * 1024;
 /// How long output may keep trickling in after a process exits before we stop waiting for
 /// its pipes: a grandchild that escaped the group can hold them open forever.
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
@@ -47,9 +46,6 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 /// argument so it needs no quoting.
 const NETLOCKED_SHELL: &str = "ip link set lo up >/dev/null 2>&1; exec bash -c \"$1\"";
 
-/// One output pipe of a child, boxed so stdout and stderr share a reader loop.
-type Pipe = Option<Box<dyn Read + Send>>;
-
 /// What to start.
 pub(super) struct Launch<'a> {
     pub cmd: &'a str,
@@ -58,14 +54,6 @@ pub(super) struct Launch<'a> {
     pub role: Role,
     pub envs: &'a [(String, String)],
     pub stdin: bool,
-}
-
-/// Progress of a background process's readers, so the waiter can tell pipes still carrying
-/// output (or blocked on a slow subscriber) from pipes held open by a silent grandchild.
-#[derive(Default)]
-struct Activity {
-    reads: AtomicU64,
-    delivering: AtomicUsize,
 }
 
 struct Started {
@@ -239,87 +227,17 @@ fn start(state: &Arc<SandboxState>, l: &Launch, outlet: Option<Outlet>) -> Resul
     })
 }
 
-/// Undoes `start` when a helper thread could not be created.
-fn fail_started(
-    state: &SandboxState,
-    entry: &ProcEntry,
-    child: Option<&mut Child>,
-    e: io::Error,
-) -> SandboxError {
-    match child {
-        Some(child) => abandon(child),
-        // The child went down with the closure that could not run: kill it, leave the zombie.
-        None => {
-            let _ = entry.kill_group();
-        }
-    }
+/// Undoes `start` when the thread that would watch the process could not be created.
+fn fail_started(state: &SandboxState, entry: &ProcEntry, e: io::Error) -> SandboxError {
+    // The child went down with the closure that could not run: kill it, leave the zombie.
+    let _ = entry.kill_group();
     lock(&state.procs).remove(&entry.pid);
     meta::remove_proc_record(&state.dir, entry.pid);
     state.io_error("starting a helper thread", e)
 }
 
-/// The child's stdout and stderr, in that order.
-fn pipes(child: &mut Child) -> [Pipe; 2] {
-    [
-        child
-            .stdout
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        child
-            .stderr
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-    ]
-}
-
 fn spawn_thread(name: String, f: impl FnOnce() + Send + 'static) -> io::Result<()> {
     std::thread::Builder::new().name(name).spawn(f).map(drop)
-}
-
-/// Reads `src` in large chunks into `sink` until end of file, then reports on `done`.
-fn pump(mut src: impl Read, mut sink: impl FnMut(&[u8]), done: Sender<()>) {
-    let mut buf = vec![0u8; READ_CHUNK];
-    loop {
-        match src.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => sink(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            // EIO and the like: the stream is over either way.
-            Err(_) => break,
-        }
-    }
-    let _ = done.send(());
-}
-
-/// Starts one reader thread per output pipe of the started child, stdout's feeding
-/// `sinks[0]` and stderr's `sinks[1]`. The receiver hears once from each pipe, at its end of
-/// file.
-fn start_readers<F>(
-    state: &SandboxState,
-    started: &mut Started,
-    name: &str,
-    sinks: [F; 2],
-) -> Result<Receiver<()>>
-where
-    F: FnMut(&[u8]) + Send + 'static,
-{
-    let (done_tx, done_rx) = bounded(2);
-    for (i, (stream, sink)) in pipes(&mut started.child).into_iter().zip(sinks).enumerate() {
-        let Some(stream) = stream else {
-            let _ = done_tx.send(());
-            continue;
-        };
-        let done = done_tx.clone();
-        if let Err(e) = spawn_thread(format!("{name}-{i}"), move || pump(stream, sink, done)) {
-            return Err(fail_started(
-                state,
-                &started.entry,
-                Some(&mut started.child),
-                e,
-            ));
-        }
-    }
-    Ok(done_rx)
 }
 
 /// Drops a process whose leader was reaped from the table, and its record too once nothing
@@ -331,66 +249,104 @@ fn forget_reaped(state: &SandboxState, pid: u32) {
     }
 }
 
-/// Runs a foreground command to completion or its timeout.
+/// A started child and its reaping, which happens once.
+struct Reaping {
+    entry: Arc<ProcEntry>,
+    child: Child,
+    /// Dropped when the leader is reaped, which is what `ProcEntry::wait_reaped` hears.
+    reaped_tx: Option<Sender<()>>,
+    status: Option<io::Result<ExitStatus>>,
+}
+
+impl Reaping {
+    fn new(started: Started) -> Reaping {
+        Reaping {
+            entry: started.entry,
+            child: started.child,
+            reaped_tx: Some(started.reaped_tx),
+            status: None,
+        }
+    }
+
+    /// Reaps the exited leader, optionally killing its group first while the zombie still
+    /// reserves the group id.
+    fn reap(&mut self, kill_group_first: bool) -> io::Result<ExitStatus> {
+        let status = match self.status.take() {
+            Some(status) => status,
+            None => {
+                let status = self.entry.reap(&mut self.child, kill_group_first);
+                self.reaped_tx = None;
+                status
+            }
+        };
+        match &status {
+            Ok(s) => self.status = Some(Ok(*s)),
+            Err(e) => self.status = Some(Err(io::Error::new(e.kind(), e.to_string()))),
+        }
+        status
+    }
+
+    /// Reaps the leader if it has exited, without waiting.
+    fn reap_if_exited(&mut self) {
+        if self.status.is_none() && sys::exited_keep_zombie(self.entry.pid).unwrap_or(false) {
+            let _ = self.reap(false);
+        }
+    }
+}
+
+/// Runs a foreground command to completion or its timeout, watched from the caller's thread.
 pub(super) fn run(state: &Arc<SandboxState>, l: &Launch, opts: &RunOpts) -> Result<Output> {
     let mut started = start(state, l, None)?;
     let pid = started.entry.pid;
+    let mut watch = Watch::new(&mut started.child);
+    let mut proc = Reaping::new(started);
     let max = opts.max_output;
-    let captures = [
-        Arc::new(Mutex::new(Captured::default())),
-        Arc::new(Mutex::new(Captured::default())),
-    ];
-    let sinks = captures.each_ref().map(|capture| {
-        let capture = Arc::clone(capture);
-        move |data: &[u8]| lock(&capture).push(data, max)
-    });
-    let done_rx = start_readers(state, &mut started, &format!("lsb-run-{pid}"), sinks)?;
+    let mut captured = [Captured::default(), Captured::default()];
+    let mut capture = |stream: usize, data: &[u8]| captured[stream].push(data, max);
 
-    let Started {
-        entry,
-        mut child,
-        reaped_tx,
-    } = started;
-    let (exit_tx, exit_rx) = bounded(1);
-    let waiter_entry = Arc::clone(&entry);
-    let waiter = move || {
-        // Kill what the command left in the background: `run` returns when its command does.
-        let status = waiter_entry.reap(&mut child, true);
-        drop(reaped_tx);
-        let _ = exit_tx.send(status);
-    };
-    if let Err(e) = spawn_thread(format!("lsb-run-{pid}-wait"), waiter) {
-        return Err(fail_started(state, &entry, None, e));
-    }
-
-    let (status, timed_out) = match exit_rx.recv_timeout(opts.timeout) {
-        Ok(status) => (status, false),
-        Err(RecvTimeoutError::Timeout) => {
-            let _ = entry.kill_group();
-            match exit_rx.recv_timeout(KILL_WAIT) {
-                Ok(status) => (status, true),
-                Err(_) => {
-                    return Err(state.io_error(
-                        "reaping a timed-out command",
-                        io::Error::new(io::ErrorKind::TimedOut, "no exit within 5 s of SIGKILL"),
-                    ))
-                }
+    let mut timed_out = false;
+    let mut give_up = Instant::now() + opts.timeout;
+    let watched = loop {
+        if watch.exited() {
+            break Ok(());
+        }
+        let now = Instant::now();
+        if now >= give_up {
+            if timed_out {
+                break Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no exit within 5 s of SIGKILL",
+                ));
             }
+            let _ = proc.entry.kill_group();
+            timed_out = true;
+            give_up = now + KILL_WAIT;
+            continue;
         }
-        Err(RecvTimeoutError::Disconnected) => {
-            return Err(state.io_error(
-                "waiting for a command",
-                io::Error::other("the waiter thread ended without a status"),
-            ))
+        if let Err(e) = watch.step(give_up - now, &mut capture) {
+            let _ = proc.entry.kill_group();
+            break Err(e);
         }
     };
-    // Output written just before the exit may still sit in the pipes; give the readers a
-    // short, bounded time, since an escaped process could hold the pipes open forever.
-    let drain_until = Instant::now() + DRAIN_GRACE;
-    for _ in 0..2 {
-        if done_rx.recv_deadline(drain_until).is_err() {
-            break;
-        }
+    if let Err(e) = watched {
+        // Stuck past SIGKILL, or unwatchable: reap it whenever it ends, off this thread, so
+        // its pid stays reserved until then.
+        let _ = spawn_thread(format!("lsb-run-{pid}-reap"), move || {
+            let _ = proc.reap(true);
+        });
+        return Err(state.io_error("waiting for a command", e));
+    }
+    // Kill what the command left in the background: `run` returns when its command does.
+    let status = proc.reap(true);
+    // Output written just before the exit may still sit in the pipes; give it a short,
+    // bounded time, since an escaped process could hold the pipes open forever.
+    let _ = watch.drain(DRAIN_GRACE, false, &mut capture);
+    if watch.pipes_open() {
+        // An escaped process holds them: keep reading (and dropping) what it writes rather
+        // than break its pipe.
+        let _ = spawn_thread(format!("lsb-run-{pid}-drain"), move || {
+            watch.discard_until_closed()
+        });
     }
     forget_reaped(state, pid);
     let status = status.map_err(|e| state.io_error("waiting for a command", e))?;
@@ -399,76 +355,73 @@ pub(super) fn run(state: &Arc<SandboxState>, l: &Launch, opts: &RunOpts) -> Resu
         // Killed by a signal: perhaps because the sandbox itself was killed.
         state.ensure_live()?;
     }
-    let [out, err] = captures;
-    let take = |c: Arc<Mutex<Captured>>| std::mem::take(&mut *lock(&c));
+    let [stdout, stderr] = captured;
     Ok(Output {
         exit_code,
-        stdout: take(out),
-        stderr: take(err),
+        stdout,
+        stderr,
         timed_out,
     })
 }
 
-/// Starts a background process whose output arrives as events.
-pub(super) fn spawn(state: &Arc<SandboxState>, l: &Launch) -> Result<Process> {
-    let (outlet, events) = Outlet::new();
-    let mut started = start(state, l, Some(outlet))?;
+/// Starts a background process whose output goes to `sink`, delivered by one thread that
+/// reads both pipes and reaps the process; returns its pid.
+pub(super) fn spawn(
+    state: &Arc<SandboxState>,
+    l: &Launch,
+    sink: Box<dyn OutputSink>,
+) -> Result<u32> {
+    let mut started = start(state, l, Some(Outlet::new(sink)))?;
     let pid = started.entry.pid;
-    let activity = Arc::new(Activity::default());
-    let events_of: [fn(Vec<u8>) -> ProcessEvent; 2] = [ProcessEvent::Stdout, ProcessEvent::Stderr];
-    let sinks = events_of.map(|make| {
-        let entry = Arc::clone(&started.entry);
-        let act = Arc::clone(&activity);
-        move |data: &[u8]| {
-            act.reads.fetch_add(1, Ordering::SeqCst);
-            act.delivering.fetch_add(1, Ordering::SeqCst);
-            entry.deliver(make(data.to_vec()));
-            act.delivering.fetch_sub(1, Ordering::SeqCst);
-        }
-    });
-    let done_rx = start_readers(state, &mut started, &format!("lsb-proc-{pid}"), sinks)?;
-
-    let Started {
-        entry,
-        mut child,
-        reaped_tx,
-    } = started;
-    let waiter_entry = Arc::clone(&entry);
-    let waiter_state = Arc::clone(state);
-    let waiter = move || {
-        // Background children of a background process live on (until the sandbox dies).
-        let status = waiter_entry.reap(&mut child, false);
-        drop(reaped_tx);
-        drain(&done_rx, &activity);
-        forget_reaped(&waiter_state, pid);
-        let last = match status {
-            Ok(status) => ProcessEvent::Exit(status.code()),
-            Err(e) => ProcessEvent::Failed(waiter_state.io_error("waiting for a process", e)),
-        };
-        waiter_entry.finish(last);
-    };
-    if let Err(e) = spawn_thread(format!("lsb-proc-{pid}-wait"), waiter) {
-        return Err(fail_started(state, &entry, None, e));
+    let entry = Arc::clone(&started.entry);
+    let watch = Watch::new(&mut started.child);
+    let proc = Reaping::new(started);
+    let follow_state = Arc::clone(state);
+    if let Err(e) = spawn_thread(format!("lsb-proc-{pid}"), move || {
+        follow(&follow_state, watch, proc)
+    }) {
+        return Err(fail_started(state, &entry, e));
     }
-    Ok(Process { pid, events })
+    Ok(pid)
 }
 
-/// Waits for both readers of an exited process to reach end of file, as long as output keeps
-/// moving; stops once the pipes have been silent for a grace period.
-fn drain(done: &Receiver<()>, activity: &Activity) {
-    let mut ended = 0;
-    let mut seen = activity.reads.load(Ordering::SeqCst);
-    while ended < 2 {
-        match done.recv_timeout(DRAIN_GRACE) {
-            Ok(()) => ended += 1,
-            Err(RecvTimeoutError::Disconnected) => return,
-            Err(RecvTimeoutError::Timeout) => {
-                let now = activity.reads.load(Ordering::SeqCst);
-                if now == seen && activity.delivering.load(Ordering::SeqCst) == 0 {
-                    return;
-                }
-                seen = now;
-            }
+/// The life of a background process on its one thread: output delivered as it comes, the
+/// leader reaped at its exit (background children of a background process live on, until
+/// the sandbox dies), the pipes drained while output keeps moving, then the last event.
+fn follow(state: &SandboxState, mut watch: Watch, mut proc: Reaping) {
+    let pid = proc.entry.pid;
+    let entry = Arc::clone(&proc.entry);
+    let mut failed = None;
+    while !watch.exited() {
+        let mut deliver = |stream: usize, data: &[u8]| deliver(&entry, &mut proc, stream, data);
+        if let Err(e) = watch.step(Duration::from_secs(3600), &mut deliver) {
+            let _ = entry.kill_group();
+            failed = Some(e);
+            break;
         }
     }
+    let status = proc.reap(false);
+    let drained = watch.drain(DRAIN_GRACE, true, &mut |stream, data| {
+        deliver(&entry, &mut proc, stream, data)
+    });
+    forget_reaped(state, pid);
+    let last = match (failed, drained, status) {
+        (Some(e), _, _) | (None, Err(e), _) | (None, Ok(()), Err(e)) => {
+            ProcessEvent::Failed(state.io_error("waiting for a process", e))
+        }
+        (None, Ok(()), Ok(status)) => ProcessEvent::Exit(status.code()),
+    };
+    entry.finish(last);
+    watch.discard_until_closed();
+}
+
+/// Hands one chunk of a background process's output to its subscriber.
+fn deliver(entry: &ProcEntry, proc: &mut Reaping, stream: usize, data: &[u8]) {
+    let event = match stream {
+        STDOUT => ProcessEvent::Stdout(data.to_vec()),
+        _ => ProcessEvent::Stderr(data.to_vec()),
+    };
+    // A subscriber that is slow to read must not keep an exited leader unreaped: kills wait
+    // for the reaping.
+    entry.deliver(event, &mut || proc.reap_if_exited());
 }

@@ -15,8 +15,8 @@ use super::reset;
 use super::state::{Mode, SandboxState};
 use super::sys;
 use crate::sandbox::{
-    ErrorClass, Output, Process, ProcessInfo, Result, Role, RunOpts, Sandbox, SandboxError,
-    SpawnOpts,
+    ErrorClass, Output, OutputSink, Process, ProcessInfo, Result, Role, RunOpts, Sandbox,
+    SandboxError, SpawnOpts,
 };
 use crate::sync::lock;
 
@@ -110,9 +110,9 @@ impl Sandbox for LocalSandbox {
         process::run(&self.state, &launch, opts)
     }
 
-    fn spawn(&self, cmd: &str, opts: &SpawnOpts) -> Result<Process> {
+    fn spawn_into(&self, cmd: &str, opts: &SpawnOpts, sink: Box<dyn OutputSink>) -> Result<u32> {
         let launch = self.launch(cmd, opts.cwd.as_deref(), opts.role, &opts.envs, opts.stdin)?;
-        process::spawn(&self.state, &launch)
+        process::spawn(&self.state, &launch, sink)
     }
 
     fn connect(&self, pid: u32) -> Result<Process> {

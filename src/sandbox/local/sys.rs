@@ -183,6 +183,18 @@ fn poll_until(deadline: Instant, period: Duration, mut done: impl FnMut() -> boo
 /// Blocks until the child `pid` has exited, leaving it a zombie: while it is unreaped its pid
 /// (and so its group id) cannot be reused, which makes signalling the group afterwards safe.
 pub(super) fn wait_exit_keep_zombie(pid: u32) -> io::Result<()> {
+    waitid_keep_zombie(pid, 0).map(drop)
+}
+
+/// Whether the child `pid` has exited, without waiting and without reaping it (see
+/// [`wait_exit_keep_zombie`]).
+pub(super) fn exited_keep_zombie(pid: u32) -> io::Result<bool> {
+    waitid_keep_zombie(pid, libc::WNOHANG)
+}
+
+/// waitid(2) for the exit of the child `pid`, leaving it unreaped; with WNOHANG in `flags`,
+/// false when it has not exited yet.
+fn waitid_keep_zombie(pid: u32, flags: libc::c_int) -> io::Result<bool> {
     loop {
         // SAFETY: siginfo_t is plain data for which all-zero bytes are valid; waitid only
         // writes into it.
@@ -193,15 +205,39 @@ pub(super) fn wait_exit_keep_zombie(pid: u32) -> io::Result<()> {
                 libc::P_PID,
                 libc::id_t::from(pid),
                 &mut info,
-                libc::WEXITED | libc::WNOWAIT,
+                libc::WEXITED | libc::WNOWAIT | flags,
             )
         };
         if rc == 0 {
-            return Ok(());
+            // A child that has not exited (WNOHANG) leaves `si_pid` zero.
+            // SAFETY: waitid returned 0, so `info` holds zeroes or a child's state.
+            return Ok(unsafe { info.si_pid() } != 0);
         }
         let err = io::Error::last_os_error();
         if err.kind() != io::ErrorKind::Interrupted {
             return Err(err);
+        }
+    }
+}
+
+/// poll(2) over `fds` for at most `timeout`; the number of descriptors with events, 0 on
+/// timeout or an interrupting signal.
+pub(super) fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<usize> {
+    // Rounded up, so a wait shorter than a millisecond does not spin.
+    let ms = timeout.as_micros().div_ceil(1000);
+    let ms = libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX);
+    let n = libc::nfds_t::try_from(fds.len()).unwrap_or(libc::nfds_t::MAX);
+    // SAFETY: `fds` is a valid, exclusively borrowed slice of `n` pollfds for the call.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), n, ms) };
+    match usize::try_from(rc) {
+        Ok(n) => Ok(n),
+        Err(_) => {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                Ok(0)
+            } else {
+                Err(err)
+            }
         }
     }
 }
@@ -337,7 +373,7 @@ fn pidfd_signal(fd: &std::os::fd::OwnedFd, signal: libc::c_int) -> io::Result<bo
 }
 
 /// A pidfd for `pid`, when the kernel offers them (Linux 5.3) and the process exists.
-fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
+pub(super) fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
     let pid = libc::pid_t::try_from(pid).ok()?;
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let rc = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
