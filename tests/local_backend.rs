@@ -336,7 +336,7 @@ fn thread_names() -> Vec<String> {
 /// (its spare namespace) are done: the same count twice, 20 ms apart, none of those among
 /// them.
 fn our_threads() -> usize {
-    let transient = |n: &String| n.starts_with("lsb-spare") || n.starts_with("lsb-holder");
+    let transient = |n: &String| n.starts_with("lsb-spare");
     let mut last = usize::MAX;
     let deadline = Instant::now() + WAIT;
     loop {

@@ -9,9 +9,10 @@
 
 use std::ffi::OsString;
 use std::io::{self, Read};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::enter::Request;
 use super::isolation::{Binds, Bwrap};
@@ -118,34 +119,29 @@ pub(super) fn start(
             return Err(e);
         }
     }
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::Builder::new()
-        .name("lsb-holder".into())
-        .spawn(move || {
-            let mut info = Vec::new();
-            let mut err = Vec::new();
-            // bwrap's report (one JSON object) on stdout; the holder keeps fd 1 open, so stop
-            // at its end. Then the holder's `ready` on stderr, or bwrap's complaint and EOF.
-            if let Some(out) = stdout {
-                read_until(out, &mut info, |b| b.contains(&b'}'));
-            }
-            if let Some(e) = stderr {
-                read_until(e, &mut err, |b| b.windows(6).any(|w| w == b"ready\n"));
-            }
-            let _ = tx.send((info, String::from_utf8_lossy(&err).into_owned()));
-        })?;
-    let (info, err) = match rx.recv_timeout(START_TIMEOUT) {
-        Ok(r) => r,
-        Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the namespace holder did not start within 10 s",
-            ));
-        }
-    };
+    // Read here, not on a thread: a sandbox resetting at every task starts one a task.
+    let deadline = Instant::now() + START_TIMEOUT;
+    let (mut info, mut err) = (Vec::new(), Vec::new());
+    // bwrap's report (one JSON object) on stdout; the holder keeps fd 1 open, so stop at its
+    // end. Then the holder's `ready` on stderr, or bwrap's complaint and EOF.
+    let in_time = child
+        .stdout
+        .take()
+        .is_none_or(|mut out| read_until(&mut out, &mut info, deadline, |b| b.contains(&b'}')))
+        && child.stderr.take().is_none_or(|mut e| {
+            read_until(&mut e, &mut err, deadline, |b| {
+                b.windows(6).any(|w| w == b"ready\n")
+            })
+        });
+    if !in_time {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the namespace holder did not start within 10 s",
+        ));
+    }
+    let err = String::from_utf8_lossy(&err).into_owned();
     // `setsid --fork` returns at once; its child carries on as the holder.
     let _ = child.wait();
     let ready = err.contains("ready\n");
@@ -173,15 +169,38 @@ pub(super) fn start(
     Ok(holder)
 }
 
-/// Reads `src` into `buf` until `done(buf)`, end of file, or [`MAX_INFO`] bytes.
-fn read_until(mut src: impl Read, buf: &mut Vec<u8>, done: impl Fn(&[u8]) -> bool) {
+/// Reads `src` into `buf` until `done(buf)`, end of file or [`MAX_INFO`] bytes; false if
+/// `deadline` passed first.
+fn read_until(
+    src: &mut (impl Read + AsRawFd),
+    buf: &mut Vec<u8>,
+    deadline: Instant,
+    done: impl Fn(&[u8]) -> bool,
+) -> bool {
     let mut chunk = [0u8; 512];
     while buf.len() < MAX_INFO && !done(buf) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut fds = [libc::pollfd {
+            fd: src.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        match sys::poll(&mut fds, left) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(_) => break,
+        }
         match src.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
         }
     }
+    true
 }
 
 /// What bwrap's info report says: PID 1's pid (as bwrap's own PID namespace numbers it).
