@@ -9,7 +9,7 @@
   include the node runners it reaps, which are children);
 - its CPU time (utime + stime from wait4, which includes reaped children: reported too).
 
-usage: eval_run.py BIN TASKS.jsonl JOBS [--home DIR] [--out DIR]
+usage: eval_run.py BIN TASKS.jsonl JOBS [--home DIR] [--out DIR] [--eval-arg=ARG ...]
 """
 import argparse
 import json
@@ -26,6 +26,8 @@ ap.add_argument("jobs", type=int)
 ap.add_argument("--home")
 ap.add_argument("--out")
 ap.add_argument("--isolation", help="passed to `eval --isolation` when given")
+ap.add_argument("--eval-arg", action="append", default=[],
+                help="one more argument for `eval` (repeatable), e.g. --eval-arg=--backend")
 a = ap.parse_args()
 
 tmp = tempfile.mkdtemp(prefix="wmo-bench-eval-")
@@ -63,7 +65,8 @@ def proc_cpu(pid):
 t0 = time.perf_counter()
 p = subprocess.Popen(
     [a.bin, "eval", "--tasks", a.tasks, "-j", str(a.jobs), "--out", out, "--json"]
-    + (["--isolation", a.isolation] if a.isolation else []),
+    + (["--isolation", a.isolation] if a.isolation else [])
+    + a.eval_arg,
     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
 )
 stop = threading.Event()
@@ -109,6 +112,7 @@ res = {
     "impl": "wmo-e2b",
     "jobs": a.jobs,
     "isolation": a.isolation or "auto",
+    "eval_args": a.eval_arg,
     "tasks": n_tasks,
     "finished": len(finished),
     "passed": passed,

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A TCP proxy that holds every client-to-server read for DELAY_MS before forwarding it, so a
 request to a loopback emulator costs about one network round trip more. Used by
-scripts/bench/e2b/run.sh to show reap against a remote-like latency; never for the SDK
-comparisons.
+scripts/bench/e2b/run.sh (the latency rows: client, reap, snapshot, each side through it
+alike) and scripts/bench/e2b/eval_latency.sh.
 
     delay_proxy.py --upstream 127.0.0.1:PORT --delay-ms 20
 

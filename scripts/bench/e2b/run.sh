@@ -15,8 +15,8 @@
 # Client rounds alternate which side goes first; tables report medians over rounds.
 # Also: diagnostics (per-operation latency and new TCP connections on one warm sandbox, the
 # defaults' rate gate, a snapshot breakdown, reap phases with the ledger on disk and tmpfs),
-# and secondary rows for reap and snapshot through scripts/bench/e2b/delay_proxy.py, which adds
-# DELAY_MS (default 20) to every client-to-server read.
+# and 1a-1c, reap and snapshot again through scripts/bench/e2b/delay_proxy.py, which adds
+# DELAY_MS (default 20) to every client-to-server read (DELAY_ROUNDS client rounds).
 #
 # Needs cargo, node >= 18 (the snapshot walker), python3 with venv (the SDK venv is
 # target/e2b-venv, shared with scripts/conformance.sh and created the same way if missing),
@@ -30,7 +30,8 @@ ROOT=$(pwd)
 
 ROUNDS=${ROUNDS:-7}          # client and snapshot rounds
 REAP_ROUNDS=${REAP_ROUNDS:-5}
-DELAY_MS=${DELAY_MS:-20}     # the latency proxy's delay (secondary rows only)
+DELAY_MS=${DELAY_MS:-20}     # the latency proxy's delay (the latency rows)
+DELAY_ROUNDS=${DELAY_ROUNDS:-3}  # client rounds through the latency proxy
 OUT=${OUT:-$ROOT/target/bench/e2b/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
 RES=$OUT/results.jsonl
@@ -264,7 +265,7 @@ done
 rec 0 snapshot-breakdown "$SNAP" snapshot --name "$project" --dir tree --reps 1 --breakdown
 
 # --- secondary: the same through a proxy adding DELAY_MS per client-to-server read -----------
-log "latency proxy (${DELAY_MS} ms): snapshot, reap, kill loop"
+log "latency proxy (${DELAY_MS} ms): client, snapshot, reap, kill loop"
 python3 scripts/bench/e2b/delay_proxy.py --upstream "${url#http://}" --delay-ms "$DELAY_MS" \
   >"$work/proxy.out" 2>"$work/proxy.err" &
 proxy_pid=$!
@@ -277,6 +278,30 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 [[ -n "$purl" ]] || { echo "run.sh: the latency proxy did not start" >&2; cat "$work/proxy.err" >&2; exit 1; }
+# The client comparisons (1a-1c) again at that latency, both sides through the proxy.
+for r in $(seq "$DELAY_ROUNDS"); do
+  log "client round $r/$DELAY_ROUNDS through the latency proxy"
+  sides=(ours sdk)
+  (( r % 2 == 0 )) && sides=(sdk ours)
+  for side in "${sides[@]}"; do
+    if [[ $side == ours ]]; then
+      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" seq-delay \
+        "$CLIENT" seq --n 50 "${OURS_OPTS[@]}"
+      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" stream-delay \
+        "$CLIENT" stream --bytes 50000000 --via run
+      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" stream-spawn-delay \
+        "$CLIENT" stream --bytes 50000000 --via spawn
+      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" concurrent-delay \
+        "$CLIENT" concurrent --n 100 "${OURS_OPTS[@]}"
+    else
+      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" seq-delay $SDK seq --n 50
+      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" stream-delay \
+        $SDK stream --bytes 50000000
+      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" concurrent-delay \
+        $SDK concurrent --n 100 --threads 100
+    fi
+  done
+done
 E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec 0 snapshot-delay \
   "$SNAP" snapshot --name "$project" --dir tree --reps 1
 E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec 0 snapshot-delay \

@@ -160,6 +160,38 @@ def main():
     p(f"\nLimits: ours create_rate {lims.get('create_rate')}/s, max_sandboxes "
       f"{lims.get('max_sandboxes')}; emulator --max-sandboxes 2000; failed cycles: {fails}.\n")
 
+    # 1a-1c at a realistic latency
+    delay = machine.get("delay_ms", "20")
+    o, s = pick(rows, "seq-delay", "ours"), pick(rows, "seq-delay", "sdk")
+    oc, sc = pick(rows, "concurrent-delay", "ours"), pick(rows, "concurrent-delay", "sdk")
+    ost, osp, sst = (pick(rows, "stream-delay", "ours"), pick(rows, "stream-spawn-delay", "ours"),
+                     pick(rows, "stream-delay", "sdk"))
+    if o or s:
+        rounds_d = max((r["round"] for r in o + s), default=0)
+        p(f"### 1d. 1a-1c with {delay} ms added to every client-to-server read (proxy), "
+          f"{rounds_d} rounds\n")
+        drows = []
+        for name, a, b in (("1a: 50 x create -> run -> kill, wall", o, s),
+                           ("1c: 100 at once, wall", oc, sc)):
+            aw, bw = med(map(wall, a)), med(map(wall, b))
+            r_ = bw / aw if aw and bw else None
+            drows.append([name, fmt(aw, " s"), fmt(bw, " s"),
+                          f"{fmt(r_)}x ({ratio_range(a, b, wall)})", ">= 2x", verdict(r_, 2)])
+        for name, a in (("1b: 50 MB stdout, `run`", ost), ("1b: 50 MB stdout, `spawn`", osp)):
+            am, bm = med(map(mbs, a)), med(map(mbs, sst))
+            r_ = am / bm if am and bm else None
+            drows.append([name, fmt(am, " MB/s"), fmt(bm, " MB/s"),
+                          f"{fmt(r_)}x ({ratio_range(a, sst, mbs, True)})", ">= 2x",
+                          verdict(r_, 2)])
+        drows.append(["1a: create / run / kill (mean)",
+                      f"{fmt(ph(o, 'create'))} / {fmt(ph(o, 'run'))} / {fmt(ph(o, 'kill'))} ms",
+                      f"{fmt(ph(s, 'create'))} / {fmt(ph(s, 'run'))} / {fmt(ph(s, 'kill'))} ms",
+                      "", "", ""])
+        drows.append(["1c: client CPU", fmt(med(map(cpu, oc)), " s"), fmt(med(map(cpu, sc)), " s"),
+                      "", "", ""])
+        p(table(["", "ours", "SDK", "ratio (range)", "goal", "result"], drows))
+        p()
+
     # 2
     rp = pick(rows, "reap", bench="reap-cli")
     kl = pick(rows, "kill-loop", bench="kill-loop")
