@@ -1,5 +1,5 @@
-//! Batch evaluation: tasks run in waves on a rayon pool of `-j` workers, each on a warm pooled
-//! sandbox; results are appended as each task ends.
+//! Batch evaluation: tasks run on a rayon pool of `-j` workers, each taking the next task in
+//! file order on a warm pooled sandbox; results are appended as each task ends.
 //!
 //! A task's way to its line in `results.jsonl`: [`run`] schedules it, `attempt` runs attempts
 //! (a transport failure is replayed on a fresh sandbox), each attempt prepares the workspace
@@ -21,7 +21,7 @@ mod verdict;
 mod workspace;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,7 +34,7 @@ use crate::pool::Pool;
 use crate::provider::Provider;
 use crate::skills::SkillSet;
 use crate::sync::{into_inner, lock};
-use crate::task::{Task, TaskList};
+use crate::task::{Task, TaskEntry, TaskList};
 pub use budget::SpendPlan;
 pub use control::RunControl;
 pub use results::{ResultsWriter, Status, TaskRecord};
@@ -250,46 +250,48 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
             record: Box::new(record),
         });
     };
+    let run_entry = |entry: &TaskEntry| {
+        if control.is_cancelled() && budget.stopped_by().is_none() {
+            lock(&summary).not_run += 1;
+            return;
+        }
+        let task = match run.tasks.load(entry) {
+            Ok(task) => task,
+            Err(e) => {
+                // The file changed under the run: what it says now was never checked, so
+                // nothing more starts.
+                control.stop(error_chain(&e));
+                lock(&summary).not_run += 1;
+                return;
+            }
+        };
+        let task = &task;
+        // A task a cap keeps from starting is written, so `--resume` finds it.
+        if let Some(why) = budget.refuse_next() {
+            finish(task, verdict::skipped_record(task, why));
+            return;
+        }
+        if control.is_cancelled() {
+            lock(&summary).not_run += 1;
+            return;
+        }
+        control.emit(EvalEvent::TaskStarted {
+            id: task.id.clone(),
+        });
+        finish(task, attempt::run_task(run, task, &transcripts));
+    };
     let all_done = AtomicBool::new(false);
     std::thread::scope(|scope| {
         scope.spawn(|| budget.watch_hard_cap(control, &all_done));
-        workers.install(|| {
-            use rayon::prelude::*;
-            // One task per rayon job, so a slow task never holds back a queue of others.
-            run.tasks
-                .entries()
-                .par_iter()
-                .with_max_len(1)
-                .for_each(|entry| {
-                    if control.is_cancelled() && budget.stopped_by().is_none() {
-                        lock(&summary).not_run += 1;
-                        return;
-                    }
-                    let task = match run.tasks.load(entry) {
-                        Ok(task) => task,
-                        Err(e) => {
-                            // The file changed under the run: what it says now was never
-                            // checked, so nothing more starts.
-                            control.stop(error_chain(&e));
-                            lock(&summary).not_run += 1;
-                            return;
-                        }
-                    };
-                    let task = &task;
-                    // A task a cap keeps from starting is written, so `--resume` finds it.
-                    if let Some(why) = budget.refuse_next() {
-                        finish(task, verdict::skipped_record(task, why));
-                        return;
-                    }
-                    if control.is_cancelled() {
-                        lock(&summary).not_run += 1;
-                        return;
-                    }
-                    control.emit(EvalEvent::TaskStarted {
-                        id: task.id.clone(),
-                    });
-                    finish(task, attempt::run_task(run, task, &transcripts));
-                });
+        // Every worker takes the next task in file order until none is left: tasks block on
+        // sandboxes and models, so there is nothing to balance, and work stealing would only
+        // have idle workers spin (measurably, at hundreds of workers) looking for it.
+        let next = AtomicUsize::new(0);
+        let entries = run.tasks.entries();
+        workers.broadcast(|_| {
+            while let Some(entry) = entries.get(next.fetch_add(1, Ordering::Relaxed)) {
+                run_entry(entry);
+            }
         });
         all_done.store(true, Ordering::Release);
     });
