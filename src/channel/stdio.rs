@@ -94,8 +94,17 @@ impl StdioChannel {
         renewal: Option<LeaseRenewal>,
     ) -> Result<StdioChannel, SandboxError> {
         let (mut channel, sink) = StdioChannel::fed(sandbox, 0, renewal);
-        channel.pid = channel.sandbox.spawn_into(cmd, opts, Box::new(sink))?;
-        Ok(channel)
+        match channel.sandbox.spawn_into(cmd, opts, Box::new(sink)) {
+            Ok(pid) => {
+                channel.pid = pid;
+                Ok(channel)
+            }
+            Err(e) => {
+                // Nothing to shut down when it is dropped.
+                channel.closed = true;
+                Err(e)
+            }
+        }
     }
 
     /// A channel to process `pid` of `sandbox` whose output the caller hands to the returned
