@@ -360,10 +360,8 @@ impl SandboxState {
         if !self.deadline_passed() {
             return false;
         }
-        self.read_meta().is_ok_and(|m| {
-            self.note(&m);
-            m.expired_at(meta::now_ms())
-        })
+        self.reread_meta()
+            .is_ok_and(|m| m.expired_at(meta::now_ms()))
     }
 
     fn deadline_passed(&self) -> bool {
@@ -373,18 +371,31 @@ impl SandboxState {
     /// Reads meta.json again if it was rewritten since it was last read; `Gone` once it is
     /// not there.
     fn refresh(&self) -> Result<()> {
+        // Every read that is noted holds the stamp's lock from before the read to after the
+        // note, as a rewrite's note does: a read that raced a rewrite (seeing the meta before
+        // it) can then never note after the rewrite noted, which would undo a pause.
+        let mut seen = lock(&self.read_stamp);
         let stamp = match fs::symlink_metadata(self.dir.join(META_FILE)) {
             Ok(m) => Stamp::of(&m),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(self.gone_now()),
             Err(e) => return Err(self.io_error("checking meta.json", e)),
         };
-        if *lock(&self.read_stamp) != Some(stamp) {
+        if *seen != Some(stamp) {
             // Stamped before the read: a rewrite in between is read again next time.
             let m = self.read_meta()?;
             self.note(&m);
-            *lock(&self.read_stamp) = Some(stamp);
+            *seen = Some(stamp);
         }
         Ok(())
+    }
+
+    /// Reads meta.json and caches what it says (see `refresh` for the lock).
+    fn reread_meta(&self) -> Result<Meta> {
+        let mut seen = lock(&self.read_stamp);
+        let m = self.read_meta()?;
+        self.note(&m);
+        *seen = None;
+        Ok(m)
     }
 
     /// Caches what `m` says of the deadline and the pause.
@@ -397,8 +408,7 @@ impl SandboxState {
     /// (when it pauses at its deadline) serves nothing until the watcher or the next sweep
     /// has paused it.
     fn recheck_deadline(&self) -> Result<()> {
-        let m = self.read_meta()?;
-        self.note(&m);
+        let m = self.reread_meta()?;
         if m.paused.is_some() {
             return Err(self.paused_error());
         }
@@ -459,8 +469,9 @@ impl SandboxState {
         change(&mut m);
         match meta::write_meta(&self.dir, &m) {
             Ok(()) => {
+                let mut seen = lock(&self.read_stamp);
                 self.note(&m);
-                *lock(&self.read_stamp) = None;
+                *seen = None;
                 Ok(m)
             }
             // The directory vanished under us: killed by someone else.
