@@ -134,6 +134,31 @@ fn a_filesystem_pause_keeps_the_files_and_loses_the_process() {
     assert_eq!(b.kill(sb.id()).unwrap(), Killed::Now);
 }
 
+/// The end of a process the pause killed is no reason to wake the sandbox: once its stream
+/// has ended, the sandbox still reads as paused (the emulator's check of whether a sandbox
+/// is gone used to resume it).
+#[test]
+fn a_process_ended_by_a_filesystem_pause_leaves_the_sandbox_paused() {
+    let env = Env::start();
+    let b = &env.backend;
+    let sb = env.create();
+    let p = sb.spawn("sleep 1000", &SpawnOpts::default()).unwrap();
+    assert_eq!(
+        b.pause(sb.id(), PauseKind::Filesystem).unwrap(),
+        Paused::Now
+    );
+    // Everything the stream still brings, to its end.
+    let deadline = std::time::Instant::now() + WAIT;
+    while p.events.recv_deadline(deadline).is_ok() {}
+    assert!(
+        std::time::Instant::now() < deadline,
+        "the stream never ended"
+    );
+    assert_eq!(env.listed_state(sb.id()), Some(RunState::Paused));
+    assert_eq!(b.describe(sb.id()).unwrap().state, RunState::Paused);
+    assert_eq!(b.kill(sb.id()).unwrap(), Killed::Now);
+}
+
 #[test]
 fn a_paused_sandbox_is_killed_like_any_other() {
     let env = Env::start();

@@ -93,11 +93,9 @@ pub(super) fn start(
     let how = FollowOpts {
         kill_at: opts.deadline,
         sandbox: Arc::clone(&entry.sandbox),
+        // A look that wakes nothing: a process a pause ended must not resume its sandbox.
         sandbox_gone: Box::new(move || {
-            matches!(
-                backend.connect_local(&local_id),
-                Err(SandboxError::Gone { .. })
-            )
+            matches!(backend.run_state(&local_id), Err(SandboxError::Gone { .. }))
         }),
         stop: shared.stop_rx.clone(),
     };
