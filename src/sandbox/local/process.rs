@@ -253,8 +253,10 @@ fn forget_reaped(state: &SandboxState, pid: u32) {
 struct Reaping {
     entry: Arc<ProcEntry>,
     child: Child,
-    /// Dropped when the leader is reaped, which is what `ProcEntry::wait_reaped` hears.
+    /// Dropped when the leader is reaped, which is what `ProcEntry::wait_reaped` hears; so
+    /// `None` once it was.
     reaped_tx: Option<Sender<()>>,
+    /// What the reaping found, until [`Reaping::reap`] hands it over.
     status: Option<io::Result<ExitStatus>>,
 }
 
@@ -268,28 +270,26 @@ impl Reaping {
         }
     }
 
-    /// Reaps the exited leader, optionally killing its group first while the zombie still
-    /// reserves the group id.
+    /// The exit status of the leader, reaped now if it was not yet (its group optionally
+    /// killed first, while the zombie still reserves the group id). Called once.
     fn reap(&mut self, kill_group_first: bool) -> io::Result<ExitStatus> {
-        let status = match self.status.take() {
-            Some(status) => status,
-            None => {
-                let status = self.entry.reap(&mut self.child, kill_group_first);
-                self.reaped_tx = None;
-                status
-            }
-        };
-        match &status {
-            Ok(s) => self.status = Some(Ok(*s)),
-            Err(e) => self.status = Some(Err(io::Error::new(e.kind(), e.to_string()))),
-        }
-        status
+        self.reap_now(kill_group_first);
+        self.status
+            .take()
+            .unwrap_or_else(|| Err(io::Error::other("the process was reaped already")))
     }
 
     /// Reaps the leader if it has exited, without waiting.
     fn reap_if_exited(&mut self) {
-        if self.status.is_none() && sys::exited_keep_zombie(self.entry.pid).unwrap_or(false) {
-            let _ = self.reap(false);
+        if self.reaped_tx.is_some() && sys::exited_keep_zombie(self.entry.pid).unwrap_or(false) {
+            self.reap_now(false);
+        }
+    }
+
+    fn reap_now(&mut self, kill_group_first: bool) {
+        if self.reaped_tx.is_some() {
+            self.status = Some(self.entry.reap(&mut self.child, kill_group_first));
+            self.reaped_tx = None;
         }
     }
 }
@@ -393,8 +393,10 @@ fn follow(state: &SandboxState, mut watch: Watch, mut proc: Reaping) {
     let entry = Arc::clone(&proc.entry);
     let mut failed = None;
     while !watch.exited() {
-        let mut deliver = |stream: usize, data: &[u8]| deliver(&entry, &mut proc, stream, data);
-        if let Err(e) = watch.step(Duration::from_secs(3600), &mut deliver) {
+        let stepped = watch.step(Duration::from_secs(3600), &mut |stream, data| {
+            deliver(&entry, &mut proc, stream, data)
+        });
+        if let Err(e) = stepped {
             let _ = entry.kill_group();
             failed = Some(e);
             break;
