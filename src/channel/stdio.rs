@@ -12,14 +12,14 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use serde_json::{json, Value};
 
 use super::error::ChannelError;
 use super::frame::{self, frame_type, Frame};
 use super::lines::{LineBuffer, Piece};
 use super::renewal::LeaseRenewal;
-use crate::sandbox::sink::{self, Delivery, OutputSink};
+use crate::sandbox::sink::{Delivery, Forward, OutputSink};
 use crate::sandbox::{ProcessEvent, Sandbox, SandboxError, SpawnOpts};
 use crate::sync::lock;
 
@@ -124,8 +124,7 @@ impl StdioChannel {
         let sink = FrameSink {
             sandbox: sandbox.clone(),
             shared: shared.clone(),
-            tx,
-            kept: None,
+            out: Forward::new(tx),
             stdout: LineBuffer::default(),
             stderr: LineBuffer::default(),
         };
@@ -324,9 +323,7 @@ fn clone_sandbox_error(e: &SandboxError) -> SandboxError {
 pub struct FrameSink {
     sandbox: Arc<dyn Sandbox>,
     shared: Arc<Shared>,
-    tx: Sender<Incoming>,
-    /// What an offer could not hand on yet (the consumer is slow).
-    kept: Option<Incoming>,
+    out: Forward<Incoming>,
     stdout: LineBuffer,
     stderr: LineBuffer,
 }
@@ -352,22 +349,15 @@ impl OutputSink for FrameSink {
                 Incoming::End(End::Failed(Arc::new(e)))
             }
         };
-        self.send(incoming, within)
+        self.out.send(incoming, within)
     }
 
     fn retry(&mut self, within: Duration) -> Delivery {
-        match self.kept.take() {
-            Some(incoming) => self.send(incoming, within),
-            None => Delivery::Done,
-        }
+        self.out.retry(within)
     }
 }
 
 impl FrameSink {
-    fn send(&mut self, incoming: Incoming, within: Duration) -> Delivery {
-        sink::send_or_keep(&self.tx, incoming, within, &mut self.kept)
-    }
-
     /// The frames of a stdout chunk, keepalives taken out (and acted on).
     fn on_stdout(&mut self, chunk: &[u8]) -> Vec<Frame> {
         let mut frames = Vec::new();

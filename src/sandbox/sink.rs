@@ -55,47 +55,57 @@ pub fn deliver(
     delivery == Delivery::Done
 }
 
-/// A sink that forwards every event to a bounded channel.
-pub struct EventSink {
-    tx: Sender<ProcessEvent>,
-    kept: Option<ProcessEvent>,
+/// The sending end of a bounded channel that keeps what the consumer had no room for and
+/// hands it on at the next try: what a sink's `offer` and `retry` come down to.
+pub struct Forward<T> {
+    tx: Sender<T>,
+    kept: Option<T>,
 }
 
-impl EventSink {
-    /// A sink and the stream its events arrive on.
-    pub fn new() -> (EventSink, Receiver<ProcessEvent>) {
-        let (tx, rx) = bounded(EVENT_BUFFER);
-        (EventSink { tx, kept: None }, rx)
-    }
-}
-
-impl OutputSink for EventSink {
-    fn offer(&mut self, event: ProcessEvent, within: Duration) -> Delivery {
-        send_or_keep(&self.tx, event, within, &mut self.kept)
+impl<T> Forward<T> {
+    pub fn new(tx: Sender<T>) -> Forward<T> {
+        Forward { tx, kept: None }
     }
 
-    fn retry(&mut self, within: Duration) -> Delivery {
+    /// Sends `item` within `within`; kept when the consumer has no room.
+    pub fn send(&mut self, item: T, within: Duration) -> Delivery {
+        match self.tx.send_timeout(item, within) {
+            Ok(()) => Delivery::Done,
+            Err(SendTimeoutError::Timeout(back)) => {
+                self.kept = Some(back);
+                Delivery::Waiting
+            }
+            Err(SendTimeoutError::Disconnected(_)) => Delivery::Gone,
+        }
+    }
+
+    /// Tries again to send what the last send kept.
+    pub fn retry(&mut self, within: Duration) -> Delivery {
         match self.kept.take() {
-            Some(event) => send_or_keep(&self.tx, event, within, &mut self.kept),
+            Some(item) => self.send(item, within),
             None => Delivery::Done,
         }
     }
 }
 
-/// Sends `item` within `within`; what the consumer had no room for is put in `kept`.
-pub fn send_or_keep<T>(
-    tx: &Sender<T>,
-    item: T,
-    within: Duration,
-    kept: &mut Option<T>,
-) -> Delivery {
-    match tx.send_timeout(item, within) {
-        Ok(()) => Delivery::Done,
-        Err(SendTimeoutError::Timeout(back)) => {
-            *kept = Some(back);
-            Delivery::Waiting
-        }
-        Err(SendTimeoutError::Disconnected(_)) => Delivery::Gone,
+/// A sink that forwards every event to a bounded channel.
+pub struct EventSink(Forward<ProcessEvent>);
+
+impl EventSink {
+    /// A sink and the stream its events arrive on.
+    pub fn new() -> (EventSink, Receiver<ProcessEvent>) {
+        let (tx, rx) = bounded(EVENT_BUFFER);
+        (EventSink(Forward::new(tx)), rx)
+    }
+}
+
+impl OutputSink for EventSink {
+    fn offer(&mut self, event: ProcessEvent, within: Duration) -> Delivery {
+        self.0.send(event, within)
+    }
+
+    fn retry(&mut self, within: Duration) -> Delivery {
+        self.0.retry(within)
     }
 }
 
