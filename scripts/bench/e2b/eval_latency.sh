@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$(pwd)
+. scripts/bench/e2b/procs.sh
 JOBS=${JOBS:-200}
 TASKS=${TASKS:-400}
 ROUNDS=${ROUNDS:-2}
@@ -21,38 +22,18 @@ BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/wmo-e2b
 work=$(mktemp -d "${TMPDIR:-/tmp}/wmo-e2b-evallat.XXXXXX")
 emu_pid=
 proxy_pid=
-stop_pid() {
-  local pid=$1
-  [[ -n "$pid" ]] || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-}
 cleanup() { stop_pid "$proxy_pid"; stop_pid "$emu_pid"; rm -rf "$work"; }
 trap cleanup EXIT
 
-first_url() { # FILE PID: the "url" of the first JSON line FILE gets, once it has one
-  for _ in $(seq 300); do
-    if [[ -s "$1" ]]; then
-      python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["url"])' <"$1"
-      return
-    fi
-    kill -0 "$2" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "eval_latency.sh: $1 never named a url" >&2
-  exit 1
-}
 key="e2b_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 "$BIN" emulator --listen 127.0.0.1:0 --api-key "$key" --json --state-dir "$work/emu" \
   --max-sandboxes 2000 >"$work/emu.out" 2>"$work/emu.err" &
 emu_pid=$!
-url=$(first_url "$work/emu.out" "$emu_pid")
+url=$(url_of "$work/emu.out" "$emu_pid" 300) || { echo "eval_latency.sh: the emulator did not start:" >&2; cat "$work/emu.err" >&2; exit 1; }
 python3 scripts/bench/e2b/delay_proxy.py --upstream "${url#http://}" --delay-ms "$DELAY_MS" \
   >"$work/proxy.out" 2>"$work/proxy.err" &
 proxy_pid=$!
-purl=$(first_url "$work/proxy.out" "$proxy_pid")
+purl=$(url_of "$work/proxy.out" "$proxy_pid" 100) || { echo "eval_latency.sh: the latency proxy did not start:" >&2; cat "$work/proxy.err" >&2; exit 1; }
 
 python3 scripts/bench/gen_tasks.py "$TASKS" "$work/tasks.jsonl" --delay-ms 200
 unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN

@@ -27,6 +27,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$(pwd)
+. scripts/bench/e2b/procs.sh
 
 ROUNDS=${ROUNDS:-7}          # client and snapshot rounds
 REAP_ROUNDS=${REAP_ROUNDS:-5}
@@ -87,14 +88,6 @@ key="e2b_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 emu_pid=
 proxy_pid=
 project=
-stop_pid() { # TERM, a bounded wait, then KILL
-  local pid=$1
-  [[ -n "$pid" ]] || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-}
 cleanup() {
   if [[ -n "$project" ]]; then
     WMO_E2B_HOME=$work/home-proj "$BIN" project close "$project" --backend e2b >/dev/null 2>&1 || true
@@ -108,15 +101,7 @@ trap cleanup EXIT
 "$BIN" emulator --listen 127.0.0.1:0 --api-key "$key" --json --state-dir "$work/emu" \
   --max-sandboxes 2000 >"$work/emu.out" 2>"$work/emu.err" &
 emu_pid=$!
-url=
-for _ in $(seq 300); do
-  if [[ -s "$work/emu.out" ]]; then
-    url=$(python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["url"])' <"$work/emu.out")
-    break
-  fi
-  kill -0 "$emu_pid" 2>/dev/null || break
-  sleep 0.1
-done
+url=$(url_of "$work/emu.out" "$emu_pid" 300) || true
 [[ -n "$url" ]] || { echo "run.sh: the emulator did not start:" >&2; cat "$work/emu.err" >&2; exit 1; }
 log "emulator $url (pid $emu_pid, --max-sandboxes 2000)"
 
@@ -156,23 +141,29 @@ WMO_BENCH_INTERNET=0 ops_rec ops-no-internet "$CLIENT" ops --op run --k 40
 
 # --- 1. client: ours vs the SDK -------------------------------------------------------------
 OURS_OPTS=(--create-rate 10000 --max-sandboxes 200)  # the gate and the cap out of the way
-for r in $(seq "$ROUNDS"); do
-  log "client round $r/$ROUNDS"
-  sides=(ours sdk)
-  (( r % 2 == 0 )) && sides=(sdk ours)
-  for side in "${sides[@]}"; do
-    if [[ $side == ours ]]; then
-      rec "$r" seq "$CLIENT" seq --n 50 "${OURS_OPTS[@]}"
-      rec "$r" stream "$CLIENT" stream --bytes 50000000 --via run
-      rec "$r" stream-spawn "$CLIENT" stream --bytes 50000000 --via spawn
-      rec "$r" concurrent "$CLIENT" concurrent --n 100 "${OURS_OPTS[@]}"
-    else
-      rec "$r" seq $SDK seq --n 50
-      rec "$r" stream $SDK stream --bytes 50000000
-      rec "$r" concurrent $SDK concurrent --n 100 --threads 100
-    fi
+# client_rounds ROUNDS SUFFIX: 1a-1c, both sides, alternating which goes first; each label
+# gets SUFFIX. The E2B_* variables in force say where both sides connect.
+client_rounds() {
+  local rounds=$1 suffix=$2 r side sides
+  for r in $(seq "$rounds"); do
+    log "client round $r/$rounds${suffix:+ ($suffix)}"
+    sides=(ours sdk)
+    (( r % 2 == 0 )) && sides=(sdk ours)
+    for side in "${sides[@]}"; do
+      if [[ $side == ours ]]; then
+        rec "$r" "seq$suffix" "$CLIENT" seq --n 50 "${OURS_OPTS[@]}"
+        rec "$r" "stream$suffix" "$CLIENT" stream --bytes 50000000 --via run
+        rec "$r" "stream-spawn$suffix" "$CLIENT" stream --bytes 50000000 --via spawn
+        rec "$r" "concurrent$suffix" "$CLIENT" concurrent --n 100 "${OURS_OPTS[@]}"
+      else
+        rec "$r" "seq$suffix" $SDK seq --n 50
+        rec "$r" "stream$suffix" $SDK stream --bytes 50000000
+        rec "$r" "concurrent$suffix" $SDK concurrent --n 100 --threads 100
+      fi
+    done
   done
-done
+}
+client_rounds "$ROUNDS" ""
 
 # The same sequence under E2bOptions::default(): the create-rate gate (4/s) then sets the pace.
 log "client: seq with default options (rate gate 4/s)"
@@ -269,39 +260,10 @@ log "latency proxy (${DELAY_MS} ms): client, snapshot, reap, kill loop"
 python3 scripts/bench/e2b/delay_proxy.py --upstream "${url#http://}" --delay-ms "$DELAY_MS" \
   >"$work/proxy.out" 2>"$work/proxy.err" &
 proxy_pid=$!
-purl=
-for _ in $(seq 100); do
-  if [[ -s "$work/proxy.out" ]]; then
-    purl=$(python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["url"])' <"$work/proxy.out")
-    break
-  fi
-  sleep 0.1
-done
+purl=$(url_of "$work/proxy.out" "$proxy_pid" 100) || true
 [[ -n "$purl" ]] || { echo "run.sh: the latency proxy did not start" >&2; cat "$work/proxy.err" >&2; exit 1; }
 # The client comparisons (1a-1c) again at that latency, both sides through the proxy.
-for r in $(seq "$DELAY_ROUNDS"); do
-  log "client round $r/$DELAY_ROUNDS through the latency proxy"
-  sides=(ours sdk)
-  (( r % 2 == 0 )) && sides=(sdk ours)
-  for side in "${sides[@]}"; do
-    if [[ $side == ours ]]; then
-      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" seq-delay \
-        "$CLIENT" seq --n 50 "${OURS_OPTS[@]}"
-      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" stream-delay \
-        "$CLIENT" stream --bytes 50000000 --via run
-      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" stream-spawn-delay \
-        "$CLIENT" stream --bytes 50000000 --via spawn
-      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" concurrent-delay \
-        "$CLIENT" concurrent --n 100 "${OURS_OPTS[@]}"
-    else
-      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" seq-delay $SDK seq --n 50
-      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" stream-delay \
-        $SDK stream --bytes 50000000
-      E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec "$r" concurrent-delay \
-        $SDK concurrent --n 100 --threads 100
-    fi
-  done
-done
+E2B_API_URL=$purl E2B_SANDBOX_URL=$purl client_rounds "$DELAY_ROUNDS" -delay
 E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec 0 snapshot-delay \
   "$SNAP" snapshot --name "$project" --dir tree --reps 1
 E2B_API_URL=$purl E2B_SANDBOX_URL=$purl rec 0 snapshot-delay \
