@@ -385,6 +385,62 @@ fn a_reset_ends_running_task_commands_where_nobody_reaps_orphans() {
     assert_eq!(sh(&*sb, "echo ok").stdout.to_text(), "ok\n");
 }
 
+/// The PID 1 (as the host numbers it) of the task namespace a sandbox has recorded.
+fn task_namespace_init(state: &Path, id: &str) -> u64 {
+    let path = state
+        .join("sandboxes")
+        .join(id)
+        .join("ns")
+        .join("task.json");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    record["init"].as_u64().unwrap()
+}
+
+/// A reset keeps a task namespace no task process ever entered (nothing of a task can be in
+/// it) and replaces one that any task command ran in, even one long ended, even one another
+/// wmo-e2b process ran.
+#[test]
+fn a_reset_keeps_only_a_task_namespace_no_task_process_entered() {
+    let (state, b) = backend();
+    let sb = create(&b);
+    let system = SpawnOpts {
+        role: Role::System,
+        ..SpawnOpts::default()
+    };
+    let runner = sb.spawn("sleep 30", &system).unwrap();
+    sb.seal().unwrap();
+    let untouched = task_namespace_init(state.path(), sb.id());
+    sb.reset().unwrap();
+    assert_eq!(
+        task_namespace_init(state.path(), sb.id()),
+        untouched,
+        "a namespace nothing ran in was replaced"
+    );
+
+    assert_eq!(sh(&*sb, "echo ok").stdout.to_text(), "ok\n");
+    sb.reset().unwrap();
+    let entered_here = task_namespace_init(state.path(), sb.id());
+    assert_ne!(
+        entered_here, untouched,
+        "a namespace a command ran in was kept"
+    );
+    assert!(
+        eventually(WAIT, || !pid_alive(untouched as u32)),
+        "the replaced namespace still runs"
+    );
+
+    let other = LocalBackend::open(state.path()).unwrap();
+    let seen = other.connect(sb.id()).unwrap();
+    assert_eq!(sh(&*seen, "echo there").stdout.to_text(), "there\n");
+    sb.reset().unwrap();
+    assert_ne!(
+        task_namespace_init(state.path(), sb.id()),
+        entered_here,
+        "a namespace another process ran a command in was kept"
+    );
+    assert!(pid_alive(runner.pid), "the reset ended a system process");
+}
+
 /// Whatever path a command takes in (entering its holder's namespaces, or a bwrap of its own
 /// when the network is locked), it runs as the sandbox user with no capability it could use
 /// or regain, and holds no fd but its stdio: not even one this process inherited from its own

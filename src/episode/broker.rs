@@ -207,7 +207,7 @@ impl<'a, 'b> Broker<'a, 'b> {
     }
 
     fn on_llm_request(&mut self, frame: &Frame) -> Result<Step, EpisodeError> {
-        let Some(req_id) = req_id(frame) else {
+        let Some(req_id) = frame.req_id() else {
             self.ep
                 .observer
                 .note("ignored an llm_request without an integer req_id");
@@ -290,7 +290,7 @@ impl<'a, 'b> Broker<'a, 'b> {
     }
 
     fn on_tool_request(&mut self, frame: &Frame) -> Result<Step, EpisodeError> {
-        let Some(req_id) = req_id(frame) else {
+        let Some(req_id) = frame.req_id() else {
             self.ep
                 .observer
                 .note("ignored a tool_request without an integer req_id");
@@ -431,8 +431,4 @@ impl<'a, 'b> Broker<'a, 'b> {
             partial: Box::new(self.counters),
         }
     }
-}
-
-fn req_id(frame: &Frame) -> Option<u64> {
-    frame.get("req_id").and_then(Value::as_u64)
 }

@@ -5,6 +5,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::time::Instant;
 
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::{Observer, Peer};
@@ -43,7 +44,14 @@ impl Transcript {
     }
 
     pub fn record(&mut self, from: &str, frame: &Map<String, Value>) {
-        self.write(&json!({"t": self.elapsed(), "from": from, "frame": frame}));
+        #[derive(Serialize)]
+        struct Line<'a> {
+            t: f64,
+            from: &'a str,
+            frame: &'a Map<String, Value>,
+        }
+        let t = self.elapsed();
+        self.write(&Line { t, from, frame });
     }
 
     /// Records a runner's frame from its own JSON text: nothing is parsed or encoded again.
@@ -70,7 +78,7 @@ impl Transcript {
         (self.start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
     }
 
-    fn write(&mut self, line: &Value) {
+    fn write(&mut self, line: &impl Serialize) {
         let Some(out) = self.out.as_mut() else { return };
         let res = serde_json::to_writer(&mut *out, line)
             .map_err(std::io::Error::from)
@@ -98,6 +106,10 @@ impl Transcript {
 
 impl Observer for Transcript {
     fn frame(&mut self, from: Peer, frame: &Map<String, Value>) {
+        if self.out.is_none() {
+            // Nothing is written: the brief below need not be built either.
+            return;
+        }
         let from = match from {
             Peer::Host => "host",
             Peer::Runner => "runner",

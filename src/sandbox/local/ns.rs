@@ -112,6 +112,47 @@ pub(super) fn forget(sandbox_dir: &Path, space: Space) {
     let _ = std::fs::remove_file(sandbox_dir.join(NS_DIR).join(space.file()));
 }
 
+/// The mark a task namespace gets before its first task process enters it (from any wmo-e2b
+/// process): one without it provably never ran a task process, so nothing a task started
+/// or changed lives in it, and a reset may keep it.
+fn entered_mark(holder: &Holder) -> String {
+    format!("{ENTERED_PREFIX}{}-{}", holder.init, holder.start_time)
+}
+
+const ENTERED_PREFIX: &str = "entered-";
+
+pub(super) fn mark_entered(sandbox_dir: &Path, holder: &Holder) -> io::Result<()> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(sandbox_dir.join(NS_DIR).join(entered_mark(holder)))
+        .map(drop)
+}
+
+/// Whether `holder`'s namespace may have run a task process: marked, or not provably not.
+pub(super) fn was_entered(sandbox_dir: &Path, holder: &Holder) -> bool {
+    let mark = std::fs::symlink_metadata(sandbox_dir.join(NS_DIR).join(entered_mark(holder)));
+    !matches!(mark, Err(e) if e.kind() == io::ErrorKind::NotFound)
+}
+
+/// Drops every entered mark, once the namespaces they name are ended.
+pub(super) fn forget_entered(sandbox_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(sandbox_dir.join(NS_DIR)) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(ENTERED_PREFIX)
+        {
+            // A mark left behind names a holder that no longer runs: it is never consulted.
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Every holder recorded in a sandbox directory (for teardown), nested ones first.
 pub(super) fn recorded(sandbox_dir: &Path) -> Vec<Holder> {
     [Space::Task, Space::Spare, Space::Sandbox]

@@ -72,6 +72,9 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
     let mut c = match state.mode {
         Mode::Bwrap(bwrap) => {
             let holder = state.holder(Space::for_role(l.role))?;
+            if l.role == Role::Task {
+                state.mark_entered(&holder)?;
+            }
             // With the network locked the command gets a network namespace of its own, so
             // it reaches nothing beyond itself (a server it starts there lives as long as it
             // does). Its shell by its path in the sandbox, which has no search to do.

@@ -4,7 +4,9 @@
 //! Processes: every [`Role::Task`] process lives in the sandbox's task PID namespace, so
 //! killing its PID 1 ends them all, `setsid`, `nohup` and double forks included, and PID 1 is
 //! not gone until they are. Only then are the directories touched, so nothing of the task can
-//! write behind the reset. A fresh task namespace is started for the next task.
+//! write behind the reset. A fresh task namespace is started for the next task, unless no task
+//! process ever entered this one (every entry marks it first: `ns::mark_entered`): a namespace
+//! nothing ran in is as fresh as a new one, and is kept.
 //!
 //! Only bwrap sandboxes can be proven clean: an unconfined process can leave its process group
 //! and the host's `/tmp` is shared, so `reset` refuses under `--isolation none` and the caller
@@ -82,7 +84,12 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
     let Some(sealed) = guard.as_ref() else {
         return Err(unclean("it was never sealed".into()));
     };
-    end_task_processes(state).map_err(unclean)?;
+    // A task namespace no task process entered holds nothing of the task: it is kept, and
+    // so is the spare made for the next reset.
+    let kept = state.task_namespace_untouched() && no_task_records(state).map_err(unclean)?;
+    if !kept {
+        end_task_processes(state).map_err(unclean)?;
+    }
     let owner = state.file_owner();
     for (
         SealedTree {
@@ -115,8 +122,18 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
         }
     }
     drop(guard);
-    state.replace_task_namespace(bwrap)?;
+    if !kept {
+        state.replace_task_namespace(bwrap)?;
+    }
     Ok(())
+}
+
+/// Whether no task process is recorded: none was started and not yet reaped (a launcher
+/// outside the namespace included).
+fn no_task_records(state: &SandboxState) -> std::result::Result<bool, String> {
+    let records = meta::read_proc_records(&state.dir.join(PROCS_DIR))
+        .map_err(|e| format!("cannot read its process records: {e}"))?;
+    Ok(records.iter().all(|r| r.role != Role::Task))
 }
 
 /// Kills every task process and proves them gone: all of them by the task namespace's PID 1,
@@ -127,7 +144,7 @@ fn end_task_processes(state: &SandboxState) -> std::result::Result<(), String> {
         .map_err(|e| format!("cannot read its process records: {e}"))?;
     if let Ok(holder) = ns::read(&state.dir, Space::Task) {
         match holder.kill(KILL_WAIT) {
-            Ok(true) => {}
+            Ok(true) => ns::forget_entered(&state.dir),
             Ok(false) => {
                 return Err("its task namespace still runs 5 s after SIGKILL".into());
             }

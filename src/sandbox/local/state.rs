@@ -80,6 +80,8 @@ pub(super) struct SandboxState {
     holders: Mutex<[Option<Holder>; 3]>,
     /// The spare task namespace being made in the background, if any.
     spare: Mutex<Option<JoinHandle<Result<Holder>>>>,
+    /// The task namespace this process last marked entered (see `ns::mark_entered`).
+    entered: Mutex<Option<Holder>>,
     /// What `reset` returns to, once sealed.
     pub sealed: Mutex<Option<Sealed>>,
     pub procs: ProcTable,
@@ -144,6 +146,7 @@ impl SandboxState {
             destroy_lock: Mutex::new(()),
             holders: Mutex::new([None, None, None]),
             spare: Mutex::new(None),
+            entered: Mutex::new(None),
             sealed: Mutex::new(None),
             procs: Mutex::default(),
         })
@@ -184,6 +187,25 @@ impl SandboxState {
                 ))
             }
         }
+    }
+
+    /// Marks the task namespace `holder` holds as entered, before a task process enters it:
+    /// a reset keeps only a namespace no task process ever ran in.
+    pub fn mark_entered(&self, holder: &Holder) -> Result<()> {
+        let mut marked = lock(&self.entered);
+        if *marked != Some(*holder) {
+            ns::mark_entered(&self.dir, holder)
+                .map_err(|e| self.io_error("marking the task namespace entered", e))?;
+            *marked = Some(*holder);
+        }
+        Ok(())
+    }
+
+    /// Whether the task namespace provably never ran a task process: alive, as recorded,
+    /// and never marked entered.
+    pub fn task_namespace_untouched(&self) -> bool {
+        ns::read(&self.dir, Space::Task)
+            .is_ok_and(|h| h.is_alive() && !ns::was_entered(&self.dir, &h))
     }
 
     /// Starts the holder of `space` and caches it.
@@ -463,21 +485,25 @@ impl SandboxState {
         self.rewrite_meta(&held, change)
     }
 
-    /// [`SandboxState::update_meta`] for a caller that holds the lock already.
+    /// [`SandboxState::update_meta`] for a caller that holds the lock already. A change that
+    /// leaves meta.json as it was writes nothing: a renewal within the second the deadline
+    /// already names (deadlines are whole seconds) costs no new file.
     pub fn rewrite_meta(&self, _held: &DirLock, change: impl FnOnce(&mut Meta)) -> Result<Meta> {
-        let mut m = self.read_meta()?;
+        let before = self.read_meta()?;
+        let mut m = before.clone();
         change(&mut m);
-        match meta::write_meta(&self.dir, &m) {
-            Ok(()) => {
-                let mut seen = lock(&self.read_stamp);
-                self.note(&m);
-                *seen = None;
-                Ok(m)
+        if m != before {
+            match meta::write_meta(&self.dir, &m) {
+                Ok(()) => {}
+                // The directory vanished under us: killed by someone else.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(self.gone_now()),
+                Err(e) => return Err(self.io_error("writing meta.json", e)),
             }
-            // The directory vanished under us: killed by someone else.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(self.gone_now()),
-            Err(e) => Err(self.io_error("writing meta.json", e)),
         }
+        let mut seen = lock(&self.read_stamp);
+        self.note(&m);
+        *seen = None;
+        Ok(m)
     }
 
     /// Moves the deadline to `secs` from now, for every wmo-e2b process.
