@@ -202,9 +202,13 @@ fn sandboxes_die_at_their_timeout() {
     assert_eq!(r.status, 204);
     let dead = |id: &str| emu.api("GET", &format!("/sandboxes/{id}"), None).status == 404;
     assert!(eventually(Duration::from_secs(10), || dead(&id) && dead(&long_id)));
-    // The sandbox's processes died with it; its open stream ended as E2B's does when the
-    // connection to a dead sandbox ends: no `end` event, an `unavailable` error.
-    assert!(!pid_alive(pid), "process {pid} outlived its sandbox");
+    // The sandbox's processes died with it (a sandbox reads as gone from the moment its
+    // directory is buried; the kill of its processes follows); its open stream ended as E2B's
+    // does when the connection to a dead sandbox ends: no `end` event, an `unavailable` error.
+    assert!(
+        eventually(Duration::from_secs(10), || !pid_alive(pid)),
+        "process {pid} outlived its sandbox"
+    );
     let rest = s.read_all();
     assert_eq!(end_event(&rest), None);
     let last = rest.last().unwrap();

@@ -76,12 +76,12 @@ fn answer(call: &ModelCall<'_>, step: &ScriptStep) -> Completion {
         None => "stop".to_string(),
     };
 
-    let prompt_tokens = estimate_tokens(call.body.to_string().len());
+    let prompt_tokens = estimate_tokens(json_len(call.body));
     let content_bytes = step.content.as_ref().map_or(0, String::len);
     let tool_call_bytes = if tool_calls.is_empty() {
         0
     } else {
-        Value::Array(tool_calls.clone()).to_string().len()
+        json_len(&tool_calls)
     };
     let completion_tokens = estimate_tokens(content_bytes + tool_call_bytes);
 
@@ -127,6 +127,25 @@ fn answer(call: &ModelCall<'_>, step: &ScriptStep) -> Completion {
         },
         retries: 0,
     }
+}
+
+/// The length of `value` as JSON text, counted as it is written rather than kept: a request
+/// body carries the whole conversation.
+fn json_len(value: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Counting never fails, and serde_json never fails on a Value whose keys are strings.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 /// About four bytes per token: close enough for budgets and reports, and reproducible.
