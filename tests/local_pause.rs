@@ -94,14 +94,19 @@ fn states_in(holders: &[u32]) -> Vec<(u32, char)> {
 fn assert_all_stopped(holders: &[u32]) {
     let states = states_in(holders);
     assert!(states.len() >= 4, "too few processes seen: {states:?}");
-    let running: Vec<_> = states
-        .iter()
-        .filter(|(_, s)| !matches!(s, 'T' | 't' | 'Z'))
-        .collect();
+    let running = still_running(&states);
     assert!(
         running.is_empty(),
         "still running: {running:?} of {states:?}"
     );
+}
+
+fn still_running(states: &[(u32, char)]) -> Vec<(u32, char)> {
+    states
+        .iter()
+        .filter(|(_, s)| !matches!(s, 'T' | 't' | 'Z'))
+        .copied()
+        .collect()
 }
 
 fn listed_state(b: &LocalBackend, id: &str) -> Option<RunState> {
@@ -297,6 +302,11 @@ fn a_sandbox_made_to_pause_at_its_deadline_pauses_instead_of_dying() {
     assert!(counting(&dir));
     wait_for("the watcher to pause it", WAIT, || {
         listed_state(&b, &id) == Some(RunState::Paused)
+    });
+    // The pause is recorded before the processes are stopped (a pause cut short is then
+    // still found and undone), so the stop may still be under way when the state reads paused.
+    wait_for("its processes to stop", WAIT, || {
+        still_running(&states_in(&holders(&dir))).is_empty()
     });
     assert_all_stopped(&holders(&dir));
     assert_eq!(meta_json(&state, &id)["paused"]["kind"], "memory");

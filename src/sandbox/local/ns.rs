@@ -112,45 +112,47 @@ pub(super) fn forget(sandbox_dir: &Path, space: Space) {
     let _ = std::fs::remove_file(sandbox_dir.join(NS_DIR).join(space.file()));
 }
 
-/// The mark a task namespace gets before its first task process enters it (from any wmo-e2b
-/// process): one without it provably never ran a task process, so nothing a task started
-/// or changed lives in it, and a reset may keep it.
-fn entered_mark(holder: &Holder) -> String {
-    format!("{ENTERED_PREFIX}{}-{}", holder.init, holder.start_time)
+/// Names the task namespace last entered by a task process (from any wmo-e2b process): marked
+/// before the process enters, so a namespace it does not name provably never ran a task
+/// process, and a reset may keep it. One file per sandbox, rewritten in place at a fixed
+/// width, so a mark never makes a new file but the sandbox's first.
+const ENTERED_FILE: &str = "entered";
+
+fn entered_line(holder: &Holder) -> String {
+    format!("{:>20} {:>20}\n", holder.init, holder.start_time)
 }
 
-const ENTERED_PREFIX: &str = "entered-";
-
 pub(super) fn mark_entered(sandbox_dir: &Path, holder: &Holder) -> io::Result<()> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
     std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
-        .open(sandbox_dir.join(NS_DIR).join(entered_mark(holder)))
-        .map(drop)
+        .mode(0o600)
+        .open(sandbox_dir.join(NS_DIR).join(ENTERED_FILE))?
+        .write_all_at(entered_line(holder).as_bytes(), 0)
 }
 
-/// Whether `holder`'s namespace may have run a task process: marked, or not provably not.
+/// Whether `holder`'s namespace may have run a task process: named by the mark, or the mark
+/// cannot be read.
 pub(super) fn was_entered(sandbox_dir: &Path, holder: &Holder) -> bool {
-    let mark = std::fs::symlink_metadata(sandbox_dir.join(NS_DIR).join(entered_mark(holder)));
-    !matches!(mark, Err(e) if e.kind() == io::ErrorKind::NotFound)
+    let line = entered_line(holder);
+    match meta::read_bounded(&sandbox_dir.join(NS_DIR).join(ENTERED_FILE), 64) {
+        Ok(bytes) => bytes == line.as_bytes(),
+        Err(e) => e.kind() != io::ErrorKind::NotFound,
+    }
 }
 
-/// Drops every entered mark, once the namespaces they name are ended.
-pub(super) fn forget_entered(sandbox_dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(sandbox_dir.join(NS_DIR)) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry
-            .file_name()
-            .to_string_lossy()
-            .starts_with(ENTERED_PREFIX)
-        {
-            // A mark left behind names a holder that no longer runs: it is never consulted.
-            let _ = std::fs::remove_file(entry.path());
-        }
+/// Makes the spare's record the task namespace's, once the task namespace it replaces has
+/// ended: the old record is removed first, so the rename replaces no file (which on ext4
+/// would force the spare record's blocks out), and the spare stays recorded throughout.
+pub(super) fn promote_spare(sandbox_dir: &Path) -> io::Result<()> {
+    let dir = sandbox_dir.join(NS_DIR);
+    match std::fs::remove_file(dir.join(Space::Task.file())) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
     }
+    std::fs::rename(dir.join(Space::Spare.file()), dir.join(Space::Task.file()))
 }
 
 /// Every holder recorded in a sandbox directory (for teardown), nested ones first.

@@ -193,7 +193,6 @@ fn end_every_process(state: &SandboxState) -> Result<()> {
     for space in [Space::Task, Space::Spare, Space::Sandbox] {
         ns::forget(&state.dir, space);
     }
-    ns::forget_entered(&state.dir);
     state.forget_holders();
     let mut table = lock(&state.procs);
     for rec in &records {

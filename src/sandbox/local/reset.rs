@@ -144,7 +144,7 @@ fn end_task_processes(state: &SandboxState) -> std::result::Result<(), String> {
         .map_err(|e| format!("cannot read its process records: {e}"))?;
     if let Ok(holder) = ns::read(&state.dir, Space::Task) {
         match holder.kill(KILL_WAIT) {
-            Ok(true) => ns::forget_entered(&state.dir),
+            Ok(true) => {}
             Ok(false) => {
                 return Err("its task namespace still runs 5 s after SIGKILL".into());
             }

@@ -252,9 +252,8 @@ impl SandboxState {
             .filter(Holder::is_alive);
         let holder = match spare {
             Some(h) => {
-                ns::write(&self.dir, Space::Task, &h)
+                ns::promote_spare(&self.dir)
                     .map_err(|e| self.io_error("recording the task namespace", e))?;
-                ns::forget(&self.dir, Space::Spare);
                 let mut cache = lock(&self.holders);
                 cache[Space::Task as usize] = Some(h);
                 cache[Space::Spare as usize] = None;
