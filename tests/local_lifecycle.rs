@@ -441,6 +441,35 @@ fn a_reset_keeps_only_a_task_namespace_no_task_process_entered() {
     assert!(pid_alive(runner.pid), "the reset ended a system process");
 }
 
+/// A reset that died between dropping the old task namespace's record and renaming the
+/// spare's into its place leaves the sandbox usable: the next process to look for its task
+/// namespace finishes the promotion.
+#[test]
+fn a_promotion_cut_short_is_finished_by_the_next_reader() {
+    let (state, b) = backend();
+    let sb = create(&b);
+    let ns = state.path().join("sandboxes").join(sb.id()).join("ns");
+    assert!(eventually(WAIT, || ns.join("spare.json").exists()));
+    let spare: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ns.join("spare.json")).unwrap()).unwrap();
+    // The reset's first steps: the task namespace ended, its record dropped.
+    let old = task_namespace_init(state.path(), sb.id());
+    // SAFETY: kill(2) of the old task namespace's PID 1, which this test's sandbox owns.
+    unsafe { libc::kill(old as libc::pid_t, libc::SIGKILL) };
+    assert!(eventually(WAIT, || !pid_alive(old as u32)));
+    std::fs::remove_file(ns.join("task.json")).unwrap();
+
+    let other = LocalBackend::open(state.path()).unwrap();
+    let seen = other.connect(sb.id()).unwrap();
+    assert_eq!(sh(&*seen, "echo ok").stdout.to_text(), "ok\n");
+    assert_eq!(
+        task_namespace_init(state.path(), sb.id()),
+        spare["init"].as_u64().unwrap(),
+        "the spare did not become the task namespace"
+    );
+    assert_eq!(b.kill(sb.id()).unwrap(), Killed::Now);
+}
+
 /// Whatever path a command takes in (entering its holder's namespaces, or a bwrap of its own
 /// when the network is locked), it runs as the sandbox user with no capability it could use
 /// or regain, and holds no fd but its stdio: not even one this process inherited from its own

@@ -171,7 +171,15 @@ impl SandboxState {
             return Ok(h);
         }
         // Another wmo-e2b process may have replaced it (a reset), or it died.
-        match ns::read(&self.dir, space) {
+        let recorded = match ns::read(&self.dir, space) {
+            // A reset cut short between dropping the old task record and renaming the spare's
+            // into its place (see `ns::promote_spare`): finish it.
+            Err(e) if space == Space::Task && e.kind() == io::ErrorKind::NotFound => {
+                ns::promote_spare(&self.dir).and_then(|()| ns::read(&self.dir, space))
+            }
+            read => read,
+        };
+        match recorded {
             Ok(h) if h.is_alive() => {
                 lock(&self.holders)[slot] = Some(h);
                 Ok(h)
