@@ -18,8 +18,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::meta::{self, PROCS_DIR, ROOT_DIR, SEALED_DIR, TMP_DIR};
-use super::ns::{self, Space};
+use super::meta::{self, ProcRecord, PROCS_DIR, ROOT_DIR, SEALED_DIR, TMP_DIR};
+use super::ns::{self, Holder, Space};
 use super::proc_table::KILL_WAIT;
 use super::snapshot::{
     copy_tree, empty_dir, first_difference, manifest, remove_tree, Entry, Sealed, SealedTree,
@@ -84,11 +84,16 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
     let Some(sealed) = guard.as_ref() else {
         return Err(unclean("it was never sealed".into()));
     };
-    // A task namespace no task process entered holds nothing of the task: it is kept, and
-    // so is the spare made for the next reset.
-    let kept = state.task_namespace_untouched() && no_task_records(state).map_err(unclean)?;
+    let records = meta::read_proc_records(&state.dir.join(PROCS_DIR))
+        .map_err(|e| unclean(format!("cannot read its process records: {e}")))?;
+    let holder = ns::read(&state.dir, Space::Task).ok();
+    // A task namespace no task process entered holds nothing of the task (and with no task
+    // process recorded, no launcher outside it lives either): it is kept, and so is the
+    // spare made for the next reset.
+    let kept = holder.is_some_and(|h| h.is_alive() && !ns::was_entered(&state.dir, &h))
+        && records.iter().all(|r| r.role != Role::Task);
     if !kept {
-        end_task_processes(state).map_err(unclean)?;
+        end_task_processes(state, holder, &records).map_err(unclean)?;
     }
     let owner = state.file_owner();
     for (
@@ -128,21 +133,15 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
     Ok(())
 }
 
-/// Whether no task process is recorded: none was started and not yet reaped (a launcher
-/// outside the namespace included).
-fn no_task_records(state: &SandboxState) -> std::result::Result<bool, String> {
-    let records = meta::read_proc_records(&state.dir.join(PROCS_DIR))
-        .map_err(|e| format!("cannot read its process records: {e}"))?;
-    Ok(records.iter().all(|r| r.role != Role::Task))
-}
-
 /// Kills every task process and proves them gone: all of them by the task namespace's PID 1,
 /// then the recorded ones by their groups (which hold their host-side launchers; see
 /// `Holder::kill` for the order).
-fn end_task_processes(state: &SandboxState) -> std::result::Result<(), String> {
-    let records = meta::read_proc_records(&state.dir.join(PROCS_DIR))
-        .map_err(|e| format!("cannot read its process records: {e}"))?;
-    if let Ok(holder) = ns::read(&state.dir, Space::Task) {
+fn end_task_processes(
+    state: &SandboxState,
+    holder: Option<Holder>,
+    records: &[ProcRecord],
+) -> std::result::Result<(), String> {
+    if let Some(holder) = holder {
         match holder.kill(KILL_WAIT) {
             Ok(true) => {}
             Ok(false) => {

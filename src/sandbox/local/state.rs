@@ -209,13 +209,6 @@ impl SandboxState {
         Ok(())
     }
 
-    /// Whether the task namespace provably never ran a task process: alive, as recorded,
-    /// and never marked entered.
-    pub fn task_namespace_untouched(&self) -> bool {
-        ns::read(&self.dir, Space::Task)
-            .is_ok_and(|h| h.is_alive() && !ns::was_entered(&self.dir, &h))
-    }
-
     /// Starts the holder of `space` and caches it.
     pub fn start_holder(&self, bwrap: &Bwrap, space: Space) -> Result<Holder> {
         let parent = match space {
