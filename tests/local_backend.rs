@@ -404,11 +404,10 @@ fn a_process_nobody_reads_is_still_reaped_when_killed() {
     let p = sb
         .spawn("head -c 100000000 /dev/zero", &SpawnOpts::default())
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(
-        p.events.len(),
-        EVENT_BUFFER,
-        "the subscriber's buffer is full"
+    assert!(
+        eventually(WAIT, || p.events.len() == EVENT_BUFFER),
+        "the subscriber's buffer never filled: {} of {EVENT_BUFFER}",
+        p.events.len()
     );
     sb.kill_process(p.pid).unwrap();
     assert!(
