@@ -1,96 +1,86 @@
-//! Benchmark: the host cost of starting a sandbox process, the way the local backend does it
-//! (`Command::new("bash")` with a cleared environment that sets PATH, in its own process
-//! group) against the same command with an absolute program path.
+//! Benchmark: the host cost of one sandbox command (`run("true")` on a local sandbox, the way
+//! every setup, tool call and verify starts) while this process holds many descriptors, as
+//! an eval at high concurrency does (a runner's pipes and pidfd, a running command's, for
+//! every live sandbox).
 //!
-//! With `env_clear()` + `env("PATH", ..)` and a program name without a slash, Rust's std
-//! cannot use `posix_spawn` (it must search the child's PATH itself) and falls back to
-//! `fork()`, which copies the page tables of the whole parent: the more threads and memory
-//! the parent has (one eval worker, channel reader and pipe pumps per running task), the
-//! more each spawn costs. An absolute path lets std use `posix_spawn` (`CLONE_VM|CLONE_VFORK`).
+//! A process start used to copy the parent's whole descriptor table and have the exec close
+//! it again, so every start paid for every descriptor held; see `sandbox::local::spawn`.
+//! Build this example against two commits and run both to compare.
 //!
-//! `cargo run --release --example bench_spawn -- --spawns 300 --threads 0,64,384`
-//! Prints one JSON line per (threads, variant): parent CPU ms per spawn, wall ms per spawn.
+//! `cargo run --release --example bench_spawn -- --runs 200 --fds 0,2000,8000`
+//! Prints one JSON line per descriptor count: CPU per command (this process and its reaped
+//! children: the start helper and the command), and wall time per command.
 
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::time::Instant;
+
+use wmo_e2b::sandbox::local::LocalBackend;
+use wmo_e2b::sandbox::{Backend, RunOpts};
 
 mod bench_common;
-use bench_common::{arg, self_cpu_s};
+use bench_common::{arg, self_cpu_s, spec};
 
-/// The first `name` on PATH.
-fn which(name: &str) -> String {
-    let path = std::env::var("PATH").unwrap_or_default();
-    path.split(':')
-        .map(|d| format!("{d}/{name}"))
-        .find(|p| std::path::Path::new(p).is_file())
-        .unwrap_or_else(|| name.to_string())
+fn children_cpu_s() -> f64 {
+    // SAFETY: getrusage writes into the zeroed struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-fn spawn_once(program: &str) {
-    let mut c = Command::new(program);
-    c.args(["-c", "true"]).env_clear();
-    if let Some(v) = std::env::var_os("PATH") {
-        c.env("PATH", v);
+/// `n` descriptors (pipe ends, close-on-exec, as the backend's own are).
+fn hold(n: usize) -> Vec<OwnedFd> {
+    let mut held = Vec::with_capacity(n);
+    while held.len() + 2 <= n {
+        let mut fds = [-1; 2];
+        // SAFETY: pipe2 writes two new descriptors into the array we own.
+        let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+        assert_eq!(rc, 0, "pipe2: {}", std::io::Error::last_os_error());
+        // SAFETY: both are new and ours.
+        held.extend(fds.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
     }
-    c.env("HOME", "/tmp")
-        .current_dir("/tmp")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let out = c.output().expect("spawn");
-    assert!(out.status.success());
+    held
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let spawns: usize = arg(&args, "--spawns", "300").parse().unwrap();
-    let threads: Vec<usize> = arg(&args, "--threads", "0,64,384")
+    let runs: usize = arg(&args, "--runs", "200").parse().unwrap();
+    let counts: Vec<usize> = arg(&args, "--fds", "0,2000,8000")
         .split(',')
         .map(|s| s.parse().unwrap())
         .collect();
-    let abs = which("bash");
-    for &t in &threads {
-        // Idle threads with touched stacks, standing in for eval workers, readers and pumps.
-        let stop = Arc::new(AtomicBool::new(false));
-        let handles: Vec<_> = (0..t)
-            .map(|_| {
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    let buf = [1u8; 64 * 1024];
-                    std::hint::black_box(&buf);
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                })
+    let state = tempfile::tempdir().expect("tempdir");
+    let backend = LocalBackend::open(state.path()).expect("open the local backend");
+    let sandbox = backend.create(&spec()).expect("create a sandbox");
+    let opts = RunOpts::default();
+    let run = || {
+        let out = sandbox.run("true", &opts).expect("run");
+        assert_eq!(out.exit_code, Some(0));
+    };
+    for &n in &counts {
+        let held = hold(n);
+        for _ in 0..5 {
+            run();
+        }
+        let (s0, c0, t0) = (self_cpu_s(), children_cpu_s(), Instant::now());
+        for _ in 0..runs {
+            run();
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let own = self_cpu_s() - s0;
+        let children = children_cpu_s() - c0;
+        let per = |v: f64| v / runs as f64 * 1e3;
+        println!(
+            "{}",
+            serde_json::json!({
+                "impl": "wmo-e2b", "mode": "sandbox_command", "fds_held": held.len(),
+                "runs": runs, "isolation": format!("{:?}", backend.isolation()),
+                "cpu_ms_per_command": per(own + children),
+                "own_cpu_ms_per_command": per(own),
+                "children_cpu_ms_per_command": per(children),
+                "wall_ms_per_command": per(wall),
             })
-            .collect();
-        std::thread::sleep(Duration::from_millis(100));
-        for (variant, program) in [("bash_on_path", "bash"), ("absolute_path", abs.as_str())] {
-            spawn_once(program);
-            let c0 = self_cpu_s();
-            let t0 = Instant::now();
-            for _ in 0..spawns {
-                spawn_once(program);
-            }
-            let wall = t0.elapsed().as_secs_f64();
-            let cpu = self_cpu_s() - c0;
-            println!(
-                "{}",
-                serde_json::json!({
-                    "impl": "wmo-e2b", "mode": "spawn", "threads": t, "variant": variant,
-                    "program": program, "spawns": spawns,
-                    "parent_cpu_ms_per_spawn": cpu / spawns as f64 * 1e3,
-                    "wall_ms_per_spawn": wall / spawns as f64 * 1e3,
-                })
-            );
-        }
-        stop.store(true, Ordering::Relaxed);
-        for h in handles {
-            h.join().unwrap();
-        }
+        );
     }
+    backend.kill(sandbox.id()).expect("kill the sandbox");
 }

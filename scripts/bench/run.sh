@@ -156,9 +156,9 @@ for r in $(seq 1 "$SCALE_RUNS"); do
   done
 done
 
-# --- why: the cost of one sandbox process start in a process with many threads ---------
-log "spawn: $SPAWNS spawns"
-"$EX/bench_spawn" --spawns "$SPAWNS" --threads 0,64,384 >> "$OUT/spawn_ours.jsonl"
+# --- the cost of one sandbox command while this process holds many descriptors ---------
+log "spawn: $SPAWNS commands per descriptor count"
+"$EX/bench_spawn" --runs "$SPAWNS" --fds 0,2000,8000 >> "$OUT/spawn_ours.jsonl"
 
 echo "loadavg_at_end: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.txt"
 log "summarizing"

@@ -236,14 +236,11 @@ if lo or el:
 
 sp = load("spawn_ours.jsonl")
 if sp:
-    print("### Why (a) scales badly: one sandbox process start, by parent thread count\n")
-    print("| parent threads | `bash` (PATH lookup → std falls back to fork) CPU ms / wall ms | `/usr/bin/bash` (posix_spawn) CPU ms / wall ms | CPU ratio |")
+    print("### One sandbox command (`run(\"true\")`), by descriptors this process holds\n")
+    print("| descriptors held | CPU ms per command (ours / start helper and command) | wall ms | CPU against none held |")
     print("|---|---|---|---|")
-    byt = collections.defaultdict(dict)
-    for r in sp:
-        byt[r["threads"]][r["variant"]] = r
-    for t in sorted(byt):
-        a, b = byt[t].get("bash_on_path"), byt[t].get("absolute_path")
-        if a and b:
-            print(f"| {t} | {a['parent_cpu_ms_per_spawn']:.2f} / {a['wall_ms_per_spawn']:.2f} | {b['parent_cpu_ms_per_spawn']:.2f} / {b['wall_ms_per_spawn']:.2f} | {a['parent_cpu_ms_per_spawn'] / b['parent_cpu_ms_per_spawn']:.1f}× |")
+    base = next((r for r in sp if r["fds_held"] == 0), None)
+    for r in sorted(sp, key=lambda r: r["fds_held"]):
+        ratio = f"{r['cpu_ms_per_command'] / base['cpu_ms_per_command']:.2f}×" if base else "–"
+        print(f"| {r['fds_held']} | {r['cpu_ms_per_command']:.2f} ({r['own_cpu_ms_per_command']:.2f} / {r['children_cpu_ms_per_command']:.2f}) | {r['wall_ms_per_command']:.2f} | {ratio} |")
     print()

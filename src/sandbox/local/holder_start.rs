@@ -11,13 +11,13 @@ use std::ffi::OsString;
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use super::enter::Request;
 use super::isolation::{Binds, Bwrap};
 use super::meta::META_FILE;
 use super::ns::{self, Holder, Space};
+use super::spawn::Io;
 use super::sys;
 
 /// How long a holder may take to report its namespace.
@@ -105,9 +105,7 @@ pub(super) fn start(
         None => Request::Plain { argv: &args },
     };
     let mut cmd = request.command(&[("PATH", &bwrap.path_env)]);
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.stdin(Io::Piped).stdout(Io::Piped).stderr(Io::Piped);
     let mut child = cmd.spawn()?;
     if let Some(mut stdin) = child.stdin.take() {
         // A few KiB, far below a pipe's buffer: the write never blocks.

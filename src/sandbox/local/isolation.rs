@@ -19,11 +19,11 @@
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
+use super::spawn::Spawn;
 use super::sys;
 use crate::sandbox::Role;
 
@@ -432,8 +432,8 @@ fn check(b: &Bwrap) -> Result<(), String> {
         opts.push("--unshare-net");
         let mut args = b.command_line(&binds, Role::Task, &opts).0;
         args.extend(["--".into(), "/bin/true".into()]);
-        let mut cmd = Command::new(&args[0]);
-        cmd.args(&args[1..]).env_clear().env("PATH", &b.path_env);
+        let mut cmd = Spawn::new(&args[0]);
+        cmd.args(&args[1..]).env("PATH", &b.path_env);
         sys::probe_runs(cmd, "a test sandbox")
     })();
     let _ = std::fs::remove_dir_all(&scratch);

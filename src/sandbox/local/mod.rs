@@ -32,6 +32,7 @@
 //! Modules, each using only those above it:
 //!
 //! ```text
+//! spawn         starting a child without copying this process's descriptor table
 //! sys           process syscalls, /proc reads, probes
 //! confined      host file operations that never leave a sandbox directory
 //! isolation     bwrap: found, probed, its command lines
@@ -68,6 +69,7 @@ mod process;
 mod reset;
 mod sandbox;
 mod snapshot;
+mod spawn;
 mod state;
 mod sys;
 mod teardown;

@@ -8,13 +8,14 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::process::{Child, ChildStdin, ExitStatus};
+use std::process::{ChildStdin, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
 use super::outlet::Outlet;
+use super::spawn::Child;
 use super::sys;
 use crate::sandbox::ProcessEvent;
 use crate::sync::lock;

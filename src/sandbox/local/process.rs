@@ -9,8 +9,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +21,7 @@ use super::meta::{self, ProcRecord};
 use super::ns::Space;
 use super::outlet::Outlet;
 use super::proc_table::{ProcEntry, KILL_WAIT};
+use super::spawn::{Child, Io, Spawn};
 use super::state::{Mode, SandboxState};
 use super::sys;
 use super::watch::{Watch, STDOUT};
@@ -63,7 +63,7 @@ struct Started {
 }
 
 /// The command line of a sandbox process.
-fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
+fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
     // The caller's variables come after ours, so they may override any (HOME too).
     let home = match l.role {
         Role::Task => &state.home,
@@ -93,12 +93,12 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
         Mode::None => {
             let mut c = match state.internet() {
                 true => {
-                    let mut c = Command::new(sys::program("bash"));
+                    let mut c = Spawn::new(sys::program("bash"));
                     c.args(["-c", l.cmd]);
                     c
                 }
                 false => {
-                    let mut c = Command::new(sys::program("unshare"));
+                    let mut c = Spawn::new(sys::program("unshare"));
                     c.args([
                         sys::netlock_flag()?,
                         "--",
@@ -111,7 +111,6 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
                     c
                 }
             };
-            c.env_clear();
             for key in PASSTHROUGH_ENV.iter().chain(HOST_ENV) {
                 if let Some(v) = std::env::var_os(key) {
                     c.env(key, v);
@@ -128,14 +127,10 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Command> {
         }
     };
     // Its own process group, which a kill of this command reaches entirely.
-    c.process_group(0)
-        .stdin(if l.stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    c.new_process_group()
+        .stdin(if l.stdin { Io::Piped } else { Io::Null })
+        .stdout(Io::Piped)
+        .stderr(Io::Piped);
     Ok(c)
 }
 

@@ -3,10 +3,10 @@
 
 use std::collections::HashSet;
 use std::io::{self, Read};
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use super::spawn::{Io, Spawn};
 use crate::sandbox::SandboxError;
 use crate::sync::lock;
 
@@ -432,9 +432,8 @@ pub(super) fn wait_writable(fd: libc::c_int, timeout: Duration) -> io::Result<bo
 
 /// The absolute path of a program found on `PATH`, resolved once per process.
 ///
-/// Spawning by absolute path lets std use `posix_spawn`; with a bare name and a cleared
-/// environment it falls back to `fork`, which copies the page tables of a process running
-/// hundreds of threads on every sandbox command (measured: a fifth of all CPU at `-j 64`).
+/// Processes start by path (see `spawn`): a bare name is never looked up in a directory
+/// other than `PATH`'s. One not found stays a bare name, which the start refuses by name.
 pub(super) fn program(name: &'static str) -> std::path::PathBuf {
     static CACHE: OnceLock<
         std::sync::Mutex<std::collections::HashMap<&'static str, std::path::PathBuf>>,
@@ -475,8 +474,11 @@ fn probe_netlock() -> Result<&'static str, String> {
     let root = unsafe { libc::geteuid() } == 0;
     // Unprivileged users need a user namespace (mapped to root inside) to own a netns.
     let flag = if root { "-n" } else { "-rn" };
-    let mut cmd = Command::new("unshare");
+    let mut cmd = Spawn::new(program("unshare"));
     cmd.args([flag, "true"]);
+    if let Some(path) = std::env::var_os("PATH") {
+        cmd.env("PATH", path);
+    }
     probe_runs(cmd, "it").map(|()| flag).map_err(|why| {
         format!(
             "the local backend cannot lock the network here: unshare {flag} failed ({why}); \
@@ -488,10 +490,8 @@ fn probe_netlock() -> Result<&'static str, String> {
 /// Runs a short probe command (with no input and only its complaints read) for at most
 /// [`PROBE_TIMEOUT`]; `Err` says why it failed, in its own words when it gave any. `what`
 /// names the probe in the message of one that did not finish.
-pub(super) fn probe_runs(mut cmd: Command, what: &str) -> Result<(), String> {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+pub(super) fn probe_runs(mut cmd: Spawn, what: &str) -> Result<(), String> {
+    cmd.stdin(Io::Null).stdout(Io::Null).stderr(Io::Piped);
     match run_bounded(cmd, PROBE_TIMEOUT) {
         Ok(Some((status, _))) if status.success() => Ok(()),
         Ok(Some((status, stderr))) => Err(if stderr.trim().is_empty() {
@@ -509,7 +509,7 @@ pub(super) fn probe_runs(mut cmd: Command, what: &str) -> Result<(), String> {
 
 /// Runs a short probe command with a deadline; `None` if it had to be killed.
 fn run_bounded(
-    mut cmd: Command,
+    cmd: Spawn,
     timeout: Duration,
 ) -> io::Result<Option<(std::process::ExitStatus, String)>> {
     let mut child = cmd.spawn()?;

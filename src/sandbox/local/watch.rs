@@ -6,9 +6,9 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
+use super::spawn::Child;
 use super::sys;
 
 /// Index of stdout in what a watch hands its sink; stderr's is 1.
@@ -168,18 +168,17 @@ fn pollfd(fd: libc::c_int) -> libc::pollfd {
 
 #[cfg(test)]
 mod tests {
-    use std::process::{Command, Stdio};
-
+    use super::super::spawn::{Io, Spawn};
     use super::*;
 
     /// Output a child wrote before its exit is taken even when the grace is already over by
     /// the time the drain runs (a busy host).
     #[test]
     fn a_drain_past_its_grace_still_takes_what_the_pipes_hold() {
-        let mut child = Command::new("sh")
+        let mut child = Spawn::new("/bin/sh")
             .args(["-c", "printf out; printf err >&2"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stdout(Io::Piped)
+            .stderr(Io::Piped)
             .spawn()
             .unwrap();
         let mut watch = Watch::new(&mut child);

@@ -3,9 +3,9 @@
 //! Joining a holder's namespaces and dropping privileges must happen in the new process,
 //! between its fork and its exec. Done there in this process (`pre_exec`), every start would
 //! be a full `fork()` of a process with many threads, whose page tables the kernel copies;
-//! `posix_spawn`, which std uses otherwise, copies nothing but runs no code of ours in the
-//! child. So a sandbox process is started through a helper: this program again
-//! (`/proc/self/exe`), spawned cheaply, with a request on its command line. A hook that runs
+//! a cheap start (see `spawn`) copies nothing but can run no more than a few system calls in
+//! the child. So a sandbox process is started through a helper: this program again
+//! (`/proc/self/exe`), started cheaply, with a request on its command line. A hook that runs
 //! before `main` in every program linking this library (the CLI and every test binary)
 //! spots the request, carries it out, and never returns to `main`.
 //!

@@ -1,10 +1,10 @@
 //! The caller's side: a request written onto the helper's command line and environment.
 
 use std::ffi::OsString;
-use std::process::Command;
 
 use super::helper::{ENV_PREFIX, HELPER_HOOK, REQUEST};
 use crate::sandbox::local::ns::Holder;
+use crate::sandbox::local::spawn::Spawn;
 
 /// How a sandbox process is started.
 pub(in crate::sandbox::local) enum Request<'a> {
@@ -37,12 +37,11 @@ pub(in crate::sandbox::local) enum Request<'a> {
 impl Request<'_> {
     /// The helper's command for this request: it inherits no variable of ours (`Plain` and
     /// `Join` pass `env` on to their program; `Enter` sets the command's own).
-    pub fn command(&self, env: &[(&str, &str)]) -> Command {
+    pub fn command(&self, env: &[(&str, &str)]) -> Spawn {
         // Referenced here so that whatever starts helpers links the hook in with it.
         std::hint::black_box(&HELPER_HOOK);
         let mut args: Vec<OsString> = vec![REQUEST.into()];
-        let mut c = Command::new("/proc/self/exe");
-        c.env_clear();
+        let mut c = Spawn::new("/proc/self/exe");
         match self {
             Request::Enter {
                 holder,
@@ -122,7 +121,7 @@ mod tests {
             argv: &["/bin/bash", "-c", "echo hi"],
         }
         .command(&[("PATH", "/bin")]);
-        let args: Vec<&OsStr> = c.get_args().collect();
+        let args: Vec<&OsStr> = c.get_args().iter().map(|a| a.as_os_str()).collect();
         assert_eq!(
             args,
             [
@@ -138,7 +137,11 @@ mod tests {
                 "echo hi"
             ]
         );
-        let envs: Vec<_> = c.get_envs().collect();
+        let envs: Vec<_> = c
+            .get_envs()
+            .iter()
+            .map(|(k, v)| (k.as_os_str(), Some(v.as_os_str())))
+            .collect();
         // The command's variables travel under our names; the caller's PATH does not reach
         // the helper.
         assert_eq!(
