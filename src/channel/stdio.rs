@@ -37,6 +37,11 @@ enum End {
     Failed(Arc<SandboxError>),
 }
 
+/// How many chunks' frames may wait for the channel's reader (a chunk is one read of the
+/// runner's stdout by the backend: locally a pipe read, at most 64 KiB). The queue's slots
+/// are allocated and touched up front, so this is also what every live runner costs.
+const QUEUED_CHUNKS: usize = 256;
+
 /// What the sink hands over: every frame of one stdout chunk at once (one wake-up for a
 /// chunk holding hundreds of small frames), or the end.
 enum Incoming {
@@ -120,7 +125,7 @@ impl StdioChannel {
         });
         // Bounded so a runner that floods frames is slowed by backpressure rather than
         // growing host memory: at most this many chunks' frames wait.
-        let (tx, rx) = crossbeam_channel::bounded(1024);
+        let (tx, rx) = crossbeam_channel::bounded(QUEUED_CHUNKS);
         let sink = FrameSink {
             sandbox: sandbox.clone(),
             shared: shared.clone(),

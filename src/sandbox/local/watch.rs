@@ -26,7 +26,9 @@ pub(super) struct Watch {
     /// are then looked for every [`EXIT_POLL`].
     pidfd: Option<OwnedFd>,
     exited: bool,
-    buf: Box<[u8]>,
+    /// Room for one read, never zeroed: a page of it is touched only once a read reaches
+    /// it, so a process that prints little (a runner's frames) costs a page or two, not 64 KiB.
+    buf: Vec<u8>,
 }
 
 impl Watch {
@@ -42,7 +44,7 @@ impl Watch {
             ],
             pidfd: sys::pidfd_open(pid),
             exited: false,
-            buf: vec![0u8; READ_CHUNK].into_boxed_slice(),
+            buf: Vec::with_capacity(READ_CHUNK),
         }
     }
 
@@ -135,12 +137,21 @@ impl Watch {
         let Some(fd) = &self.pipes[stream] else {
             return false;
         };
-        // SAFETY: reads into our own buffer, of its length, from a descriptor we own.
-        let n = unsafe { libc::read(fd.as_raw_fd(), self.buf.as_mut_ptr().cast(), self.buf.len()) };
+        self.buf.clear();
+        // SAFETY: reads at most the buffer's capacity into it, from a descriptor we own.
+        let n = unsafe {
+            libc::read(
+                fd.as_raw_fd(),
+                self.buf.as_mut_ptr().cast(),
+                self.buf.capacity(),
+            )
+        };
         match usize::try_from(n) {
             Ok(0) => self.pipes[stream] = None,
             Ok(n) => {
-                sink(stream, &self.buf[..n]);
+                // SAFETY: the read initialized the first `n` bytes, within the capacity.
+                unsafe { self.buf.set_len(n) };
+                sink(stream, &self.buf);
                 return true;
             }
             Err(_) => {
