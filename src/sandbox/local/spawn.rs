@@ -26,14 +26,16 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{ChildStderr, ChildStdin, ChildStdout, ExitStatus};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use crossbeam_channel::{Receiver, Sender};
+
+use crate::sync::lock;
 
 /// How many starts may be under way at once (each holds a group only until its child execs).
 const GROUPS: usize = 8;
@@ -479,13 +481,20 @@ impl Slots {
 }
 
 /// The slots, made at the first start (early, while few descriptors are open, so they are
-/// low).
+/// low). A failure (no descriptor left, say) is not kept: the next start tries again.
 fn slots() -> io::Result<&'static Slots> {
-    static SLOTS: OnceLock<Result<Slots, String>> = OnceLock::new();
-    SLOTS
-        .get_or_init(|| make_slots().map_err(|e| e.to_string()))
-        .as_ref()
-        .map_err(|why| io::Error::other(format!("preparing to start processes: {why}")))
+    static SLOTS: OnceLock<Slots> = OnceLock::new();
+    static MAKING: Mutex<()> = Mutex::new(());
+    if let Some(slots) = SLOTS.get() {
+        return Ok(slots);
+    }
+    let _one_maker = lock(&MAKING);
+    if let Some(slots) = SLOTS.get() {
+        return Ok(slots);
+    }
+    let made = make_slots()
+        .map_err(|e| io::Error::new(e.kind(), format!("preparing to start processes: {e}")))?;
+    Ok(SLOTS.get_or_init(|| made))
 }
 
 fn make_slots() -> io::Result<Slots> {
@@ -495,21 +504,33 @@ fn make_slots() -> io::Result<Slots> {
             .write(true)
             .open("/dev/null")?,
     );
-    let (free_tx, free_rx) = crossbeam_channel::bounded(GROUPS);
-    let mut highest = 2;
-    for _ in 0..GROUPS {
-        let mut fds = [-1; 3];
-        for fd in &mut fds {
-            // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor (the lowest free from 3) that
-            // this process keeps for its whole life.
-            *fd = unsafe { libc::fcntl(devnull.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
-            if *fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            highest = highest.max(*fd);
+    // Owned until every one exists, so a failure part way closes those made.
+    let mut fds = Vec::with_capacity(3 * GROUPS);
+    for _ in 0..3 * GROUPS {
+        // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor, the lowest free from 3.
+        let fd = unsafe { libc::fcntl(devnull.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
         }
-        let stack_top = map_stack()?;
-        let _ = free_tx.send(Group { fds, stack_top });
+        // SAFETY: new, and ours.
+        fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    let stacks = (0..GROUPS)
+        .map(|_| map_stack())
+        .collect::<io::Result<Vec<_>>>()?;
+    let highest = fds.iter().map(AsRawFd::as_raw_fd).max().unwrap_or(2);
+    // From here the numbers are the groups' for the life of the process.
+    let mut fds = fds.into_iter().map(IntoRawFd::into_raw_fd);
+    let (free_tx, free_rx) = crossbeam_channel::bounded(GROUPS);
+    for stack_top in stacks {
+        let mut group = [-1; 3];
+        for (slot, fd) in group.iter_mut().zip(fds.by_ref()) {
+            *slot = fd;
+        }
+        let _ = free_tx.send(Group {
+            fds: group,
+            stack_top,
+        });
     }
     Ok(Slots {
         devnull,
@@ -519,7 +540,8 @@ fn make_slots() -> io::Result<Slots> {
     })
 }
 
-/// A stack for the child (kept for the life of the process), with a guard page below it.
+/// A stack for the child (kept for the life of the process; one whose group was never made
+/// stays mapped, 68 KiB), with a guard page below it.
 fn map_stack() -> io::Result<*mut libc::c_void> {
     // SAFETY: a new anonymous private mapping, which nothing else refers to.
     let base = unsafe {
