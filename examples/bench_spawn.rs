@@ -18,15 +18,7 @@ use wmo_e2b::sandbox::local::LocalBackend;
 use wmo_e2b::sandbox::{Backend, RunOpts};
 
 mod bench_common;
-use bench_common::{arg, self_cpu_s, spec};
-
-fn children_cpu_s() -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct we own.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
+use bench_common::{arg, children_cpu_s, self_cpu_s, spec};
 
 /// `n` descriptors (pipe ends, close-on-exec, as the backend's own are).
 fn hold(n: usize) -> Vec<OwnedFd> {

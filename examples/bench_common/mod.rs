@@ -20,9 +20,19 @@ pub fn arg(args: &[String], name: &str, default: &str) -> String {
 
 /// CPU seconds (user + system) this process has used, all threads.
 pub fn self_cpu_s() -> f64 {
+    rusage_cpu_s(libc::RUSAGE_SELF)
+}
+
+/// CPU seconds (user + system) of this process's reaped children and their reaped
+/// descendants.
+pub fn children_cpu_s() -> f64 {
+    rusage_cpu_s(libc::RUSAGE_CHILDREN)
+}
+
+fn rusage_cpu_s(who: libc::c_int) -> f64 {
     // SAFETY: getrusage writes into the zeroed struct we own.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    unsafe { libc::getrusage(who, &mut ru) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
