@@ -163,7 +163,10 @@ impl Spawn {
         if !self.program.as_bytes().contains(&b'/') {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("{} was not found on PATH", self.program.to_string_lossy()),
+                format!(
+                    "{} was not found on PATH: install it, or add its directory to PATH",
+                    self.program.to_string_lossy()
+                ),
             ));
         }
         let path = c_string(&self.program)?;
@@ -285,7 +288,8 @@ fn c_string(s: &OsStr) -> io::Result<CString> {
         io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
-                "a NUL byte in a command's argument or variable: {}",
+                "a NUL byte in a command's argument or variable, which no process can be \
+                 given: remove it ({})",
                 s.to_string_lossy()
             ),
         )
@@ -660,8 +664,13 @@ mod tests {
         assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
         let err = Spawn::new("true").spawn().unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert!(
+            err.to_string().starts_with("true was not found on PATH"),
+            "{err}"
+        );
         let err = Spawn::new("/bin/true").args(["a\0b"]).spawn().unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("remove it (a\0b)"), "{err}");
     }
 
     #[test]
