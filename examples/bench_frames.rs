@@ -123,6 +123,9 @@ impl Sandbox for NullSandbox {
     fn reset(&self) -> SbResult<()> {
         unsupported()
     }
+    fn stop_agent(&self, _: bool) -> SbResult<()> {
+        unsupported()
+    }
     fn run(&self, _: &str, _: &RunOpts) -> SbResult<Output> {
         unsupported()
     }

@@ -316,10 +316,10 @@ export async function runEpisode(ctx) {
     assert!(err.contains("lib/link") && err.contains("symlink"), "{err}");
 }
 
-/// A runner is sent the harness files with its first episode; later episodes on it name them
-/// by digest, and a fresh runner (another sandbox) is sent them again.
+/// A user's harness runs in the runner itself, whose memory no reset can prove clean: every
+/// task gets a fresh runner (its sandbox is never reused), which is sent the files.
 #[test]
-fn harness_files_go_to_each_runner_once() {
+fn a_user_harness_never_shares_a_runner() {
     let env = Env::new();
     let dir = env.path("harness");
     std::fs::create_dir_all(&dir).unwrap();
@@ -339,20 +339,18 @@ fn harness_files_go_to_each_runner_once() {
             .find(|f| f["type"] == "episode_start")
             .unwrap()
     };
-    let mut sent = 0;
     let mut digests = std::collections::BTreeSet::new();
+    let mut sandboxes = std::collections::BTreeSet::new();
     for id in ["t0", "t1", "t2"] {
         let s = start(id);
-        assert_eq!(env.result(id)["answer"], format!("ok {id}"));
+        let r = env.result(id);
+        assert_eq!(r["answer"], format!("ok {id}"));
+        assert_eq!(r["sandbox"]["reused"], false, "{r}");
+        sandboxes.insert(r["sandbox"]["id"].as_str().unwrap().to_string());
         digests.insert(s["files_digest"].as_str().unwrap().to_string());
-        if s["files"]["count"] == 1 {
-            sent += 1;
-        } else {
-            assert_eq!(s["files"], serde_json::json!({}), "{s}");
-        }
+        assert_eq!(s["files"]["count"], 1, "{s}");
     }
-    // One warm sandbox served all three: the files went once.
-    assert_eq!(sent, 1);
+    assert_eq!(sandboxes.len(), 3);
     assert_eq!(digests.len(), 1);
 
     // Without reuse every task has a fresh runner, which is sent the files.

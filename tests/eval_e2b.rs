@@ -507,3 +507,13 @@ fn a_task_never_sees_what_an_earlier_task_left_on_the_e2b_backend() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(emu.live().is_empty(), "{:?}", emu.live());
 }
+
+#[test]
+fn no_forgery_passes_a_failing_verify_on_the_e2b_backend() {
+    let env = Env::new();
+    let emu = Emulator::start(&env.path("emu"), &[]);
+    let tasks = env.write_tasks(&support::attacks::tasks());
+    let o = eval(&env, &emu, &tasks, &["-j", "2"]);
+    support::attacks::check(&env.results());
+    assert!(emu.live().is_empty(), "{:?}\n{}", emu.live(), text(&o));
+}

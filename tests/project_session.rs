@@ -79,6 +79,9 @@ impl Sandbox for CutSandbox {
     fn reset(&self) -> Result<()> {
         self.inner.reset()
     }
+    fn stop_agent(&self, runner_too: bool) -> Result<()> {
+        self.inner.stop_agent(runner_too)
+    }
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
         self.inner.run(cmd, opts)
     }

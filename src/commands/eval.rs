@@ -10,7 +10,9 @@ use wmo_e2b::eval::plan::{self, EvalOptions, PlanError};
 use wmo_e2b::eval::provenance::{self, Provenance, TasksFile};
 use wmo_e2b::eval::shard;
 use wmo_e2b::eval::spend::{self, Caps, PriceError, PriceOptions};
-use wmo_e2b::eval::{self, EvalLimits, EvalRun, Harness, RunControl, SpendPlan, Verdict};
+use wmo_e2b::eval::{
+    self, EvalLimits, EvalRun, Harness, RunControl, SpendPlan, Verdict, VerifierMode,
+};
 use wmo_e2b::pool::Pool;
 use wmo_e2b::provider::metered::Metered;
 use wmo_e2b::provider::Provider;
@@ -29,6 +31,12 @@ use super::{
 pub enum EnvKind {
     Sandbox,
     WorldModel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VerifierKind {
+    Same,
+    Separate,
 }
 
 #[derive(Debug, Args)]
@@ -120,6 +128,11 @@ pub struct EvalArgs {
     /// already proves each task starts clean).
     #[arg(long)]
     no_reuse: bool,
+    /// Where `verify` runs once the agent is stopped: `same` (its sandbox, as the verifier)
+    /// or `separate` (a fresh sandbox with the workspace copied in, so nothing the agent left
+    /// runs before the tests look at it).
+    #[arg(long, value_enum, default_value = "same")]
+    verifier: VerifierKind,
     #[command(flatten)]
     caps: CapArgs,
     /// With --resume: add to results made with another harness, runner or model.
@@ -263,6 +276,10 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         control,
         spend,
         provenance,
+        verifier: match args.verifier {
+            VerifierKind::Same => VerifierMode::Same,
+            VerifierKind::Separate => VerifierMode::Separate,
+        },
     });
     // The run closed its events; the reporter drains them (the summary last) and returns.
     let _ = reporter.join();

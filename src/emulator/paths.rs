@@ -20,7 +20,7 @@ pub(super) enum PathError {
 pub(super) fn home_of(role: Role) -> &'static str {
     match role {
         Role::Task => E2B_HOME,
-        Role::System => ROOT_HOME,
+        Role::System | Role::Verify => ROOT_HOME,
     }
 }
 

@@ -6,21 +6,17 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::outcome::{Attempt, Progress};
-use super::results::{SandboxRecord, Status, TaskRecord, VerifyRecord};
+use super::results::{SandboxRecord, Status, TaskRecord};
 use super::verdict::{error_record, outcome_record};
-use super::workspace::{error_text, prepare_workspace, SandboxFailure};
-use super::{EvalEvent, EvalRun};
+use super::workspace::{error_text, prepare_workspace};
+use super::{verifier, EvalEvent, EvalRun};
 use crate::environment::{self, Environment, SandboxEnvironment, WorldModelEnvironment};
 use crate::episode::{
     self, Episode, EpisodeConfig, EpisodeOutcome, Opening, StopReason, Transcript,
 };
 use crate::errors::error_chain;
 use crate::pool::{PoolError, Warm};
-use crate::sandbox::RunOpts;
 use crate::task::Task;
-
-/// Bytes of verify output kept in a result.
-const VERIFY_TAIL: usize = 2048;
 
 /// Runs `task` to its record.
 pub(super) fn run_task(run: &EvalRun<'_>, task: &Task, transcripts: &Path) -> TaskRecord {
@@ -163,15 +159,33 @@ fn episode_in(
         run.control.stop(failure.message.clone());
     }
 
-    // The verdict.
+    // The verdict: the agent stopped, then the verifier. Without a model the agent never
+    // worked, and in a simulated environment nothing ran: the workspace says nothing about
+    // the agent then.
+    let judged = run.world_model.is_none()
+        && outcome.provider_failure.is_none()
+        && !matches!(
+            outcome.stop_reason,
+            StopReason::Cancelled | StopReason::Error
+        );
     let t_verify = Instant::now();
-    let verify = match verify(run, task, &outcome, warm, &ws, wall) {
+    let verified = match verifier::verify(run, task, judged, warm, &ws, wall) {
         Ok(v) => v,
         Err(f) => return f.end(task, &progress, attempt),
     };
     let verify_secs = t_verify.elapsed().as_secs_f64();
-    let record = outcome_record(task, &outcome, verify, &progress, attempt, verify_secs);
-    (Attempt::Done(Box::new(record)), healthy)
+    let record = outcome_record(
+        task,
+        &outcome,
+        verified.record,
+        &progress,
+        attempt,
+        verify_secs,
+    );
+    (
+        Attempt::Done(Box::new(record)),
+        healthy && verified.reusable,
+    )
 }
 
 /// The task's episode on `warm`, through the broker.
@@ -232,44 +246,4 @@ fn run_episode(
         warm.harness_files = config.files_digest.clone();
     }
     outcome
-}
-
-/// Runs the task's `verify` when the agent's work can be judged at all.
-fn verify(
-    run: &EvalRun<'_>,
-    task: &Task,
-    outcome: &EpisodeOutcome,
-    warm: &Warm,
-    ws: &str,
-    wall: Duration,
-) -> Result<Option<VerifyRecord>, SandboxFailure> {
-    let Some(cmd) = &task.verify else {
-        return Ok(None);
-    };
-    // Without a model the agent never worked, and in a simulated environment nothing ran:
-    // the workspace says nothing about the agent then.
-    if run.world_model.is_some()
-        || outcome.provider_failure.is_some()
-        || matches!(
-            outcome.stop_reason,
-            StopReason::Cancelled | StopReason::Error
-        )
-    {
-        return Ok(None);
-    }
-    let sandbox = &warm.sandbox;
-    let opts = RunOpts {
-        cwd: Some(ws.to_string()),
-        timeout: wall,
-        max_output: VERIFY_TAIL,
-        ..RunOpts::default()
-    };
-    match sandbox.run(cmd, &opts) {
-        Ok(out) => Ok(Some(VerifyRecord {
-            exit_code: out.exit_code,
-            timed_out: out.timed_out,
-            output_tail: format!("{}{}", out.stdout.to_text(), out.stderr.to_text()),
-        })),
-        Err(e) => Err(SandboxFailure::new(&e, "running verify", sandbox.home())),
-    }
 }

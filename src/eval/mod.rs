@@ -18,6 +18,7 @@ pub mod shard;
 pub mod spend;
 mod summary;
 mod verdict;
+mod verifier;
 mod workspace;
 
 use std::path::{Path, PathBuf};
@@ -39,6 +40,7 @@ pub use budget::SpendPlan;
 pub use control::RunControl;
 pub use results::{ResultsWriter, Status, TaskRecord};
 pub use summary::{EvalSummary, Tally, Verdict};
+pub use verifier::{VerifierMode, MAX_WORKSPACE_COPY};
 
 /// Per-run limits; a task's own `timeout_s` and `max_turns` win over these.
 #[derive(Debug, Clone)]
@@ -141,6 +143,12 @@ impl Harness {
         }
     }
 
+    /// Whether the host vouches for the harness's code, which runs in the runner itself: a
+    /// sandbox whose runner ran other code is never reused (see `verifier`).
+    fn vouched(&self) -> bool {
+        !matches!(self, Harness::Files(_))
+    }
+
     fn files(&self) -> Option<&HarnessFiles> {
         match self {
             Harness::Files(f) => Some(f),
@@ -170,6 +178,8 @@ pub struct EvalRun<'a> {
     pub spend: SpendPlan,
     /// What produces this run's results (each record adds its task's line).
     pub provenance: provenance::Provenance,
+    /// Where `verify` runs (`--verifier`).
+    pub verifier: VerifierMode,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -124,6 +124,15 @@ impl SandboxFailure {
         }
     }
 
+    /// A failure that ends the task as its error, never replayed, on a sandbox not reused.
+    pub(super) fn task_error(reason: String) -> SandboxFailure {
+        SandboxFailure {
+            transport: false,
+            reusable: false,
+            reason,
+        }
+    }
+
     /// The attempt's end, and whether the sandbox may be reused.
     pub(super) fn end(self, task: &Task, progress: &Progress, attempt: u32) -> (Attempt, bool) {
         if self.transport {

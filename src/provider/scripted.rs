@@ -178,6 +178,7 @@ mod tests {
             id: "t1".into(),
             instruction: "do it".into(),
             files: Default::default(),
+            tests: Default::default(),
             setup: None,
             verify: None,
             timeout_s: None,

@@ -301,6 +301,9 @@ impl Sandbox for LeasedSandbox {
     fn reset(&self) -> Result<()> {
         self.inner.reset()
     }
+    fn stop_agent(&self, runner_too: bool) -> Result<()> {
+        self.inner.stop_agent(runner_too)
+    }
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
         self.inner.run(cmd, opts)
     }

@@ -121,7 +121,21 @@ pub enum Role {
     /// The host's own machinery in the sandbox (the runner and what it installs): outlives
     /// `reset` and alone writes `system_dir`. E2B's `root`.
     System,
+    /// A task's verifier, run once [`Sandbox::stop_agent`] has proven every process of the
+    /// agent gone: an identity the agent never had (locally the sandbox user `verifier`, a
+    /// member of the agent's group so it can write where the agent let its group write; on
+    /// E2B `root`), a fixed environment ([`VERIFY_PATH`], `HOME` and `TMPDIR` made empty for
+    /// it, `PYTHONNOUSERSITE=1`, no variable of the sandbox's or the agent's) and a shell that
+    /// reads no dotfiles. Ended by `reset` like a task's processes. The caller's `envs` are
+    /// the only variables added.
+    Verify,
 }
+
+/// Where a task's `tests` arrive for its verifier, on every backend: written after the agent
+/// is stopped, read-only to whatever runs in the sandbox, gone after the reset.
+pub const TESTS_DIR: &str = "/tests";
+/// The verifier's `PATH`, the same on every backend.
+pub const VERIFY_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Options for a foreground command.
 #[derive(Debug, Clone)]
@@ -270,6 +284,14 @@ pub trait Sandbox: Send + Sync {
     /// forks) and returns the home and `/tmp` to the sealed state, proven. An error means the
     /// sandbox cannot be proven clean and must not serve another task.
     fn reset(&self) -> Result<()>;
+    /// Ends every [`Role::Task`] process (as `reset` does) and, with `runner_too`, every
+    /// [`Role::System`] process as well, and proves them gone; then readies the sandbox for a
+    /// [`Role::Verify`] command: nothing of the agent runs while it does, and its `HOME` and
+    /// [`TESTS_DIR`] are empty. Without `runner_too` only the runner's own processes may live
+    /// on (what a harness started beside them is ended); with it the sandbox has no runner
+    /// afterwards and must not serve another task. An error means the agent cannot be proven
+    /// stopped: nothing may be verified, and the sandbox must not serve again.
+    fn stop_agent(&self, runner_too: bool) -> Result<()>;
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output>;
     /// Starts a background process whose output `sink` takes, on the thread that reads it;
     /// returns its pid.

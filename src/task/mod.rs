@@ -54,6 +54,10 @@ pub struct Task {
     pub setup: Option<String>,
     #[serde(default)]
     pub verify: Option<String>,
+    /// Files only the verifier sees: `/tests`-relative path to content, written once the
+    /// agent is stopped, read-only to anything the agent left.
+    #[serde(default)]
+    pub tests: BTreeMap<String, String>,
     #[serde(default)]
     pub timeout_s: Option<f64>,
     #[serde(default)]
@@ -166,7 +170,11 @@ fn validate(task: &Task) -> Result<(), String> {
     if task.instruction.trim().is_empty() {
         return Err("field `instruction`: must not be empty".into());
     }
-    check_file_paths(&task.files)?;
+    check_file_paths("files", &task.files)?;
+    check_file_paths("tests", &task.tests)?;
+    if !task.tests.is_empty() && task.verify.is_none() {
+        return Err("field `tests`: only a task with a `verify` command can have tests".into());
+    }
     if let Some(t) = task.timeout_s {
         if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
             return Err(format!(
@@ -204,14 +212,14 @@ fn validate(task: &Task) -> Result<(), String> {
 /// Refuses paths that escape the workspace, and paths that could not all be written: two
 /// keys naming one file (`a`, `./a`), or a file that another key needs as a directory (`a`,
 /// `a/b`). Caught here, they would fail mid-run on a sandbox that did nothing wrong.
-fn check_file_paths(files: &BTreeMap<String, String>) -> Result<(), String> {
+fn check_file_paths(field: &str, files: &BTreeMap<String, String>) -> Result<(), String> {
     let mut named: BTreeMap<String, &str> = BTreeMap::new();
     for key in files.keys() {
         let norm = crate::sandbox::normalize_relative(key)
-            .map_err(|reason| format!("field `files`: path {key:?} is not allowed: {reason}"))?;
+            .map_err(|reason| format!("field `{field}`: path {key:?} is not allowed: {reason}"))?;
         if let Some(first) = named.get(&norm) {
             return Err(format!(
-                "field `files`: {first:?} and {key:?} name the same file"
+                "field `{field}`: {first:?} and {key:?} name the same file"
             ));
         }
         named.insert(norm, key);
@@ -222,7 +230,7 @@ fn check_file_paths(files: &BTreeMap<String, String>) -> Result<(), String> {
             parent = &parent[..cut];
             if let Some(file) = named.get(parent) {
                 return Err(format!(
-                    "field `files`: {file:?} is a file, so it cannot also be the directory holding {key:?}"
+                    "field `{field}`: {file:?} is a file, so it cannot also be the directory holding {key:?}"
                 ));
             }
         }

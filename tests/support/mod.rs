@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod attacks;
 pub mod contamination;
 pub mod emulator;
 pub mod local;

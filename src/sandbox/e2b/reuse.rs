@@ -48,6 +48,51 @@ list_procs | while read -r pid ppid start; do echo "$pid $start"; done > "$S/pro
     )
 }
 
+/// The verifier's own `HOME` and `TMPDIR`, under the system directory (root's alone).
+const VERIFIER: &str = "/opt/wmo-e2b/verifier";
+
+/// Empties `/tests` (its own directory may be a mount point: the emulator's is) and makes the
+/// verifier's directories anew, so nothing a task left is there for the next verifier.
+const CLEAR_VERIFIER: &str = r#"mkdir -p /tests && find /tests -mindepth 1 -maxdepth 1 -exec rm -rf {} + && chmod 755 /tests \
+  && rm -rf /opt/wmo-e2b/verifier && mkdir -p -m 700 /opt/wmo-e2b/verifier/home /opt/wmo-e2b/verifier/tmp \
+  || { echo "cannot empty /tests and the verifier's directory"; exit 3; }
+"#;
+
+/// `stop`: run as root before a verify; its arguments are the pids of the runner processes to
+/// keep (none: the runner is ended too). The kill loop of `reset`, then the verifier's
+/// directories made empty.
+pub(super) fn stop_script() -> String {
+    format!(
+        "{}{CLEAR_VERIFIER}",
+        reset_script()
+            .split(KILL_LOOP_END)
+            .next()
+            .unwrap_or_default()
+    )
+}
+
+/// A verifier's command (see [`crate::sandbox::Role::Verify`]): run as root through envd's
+/// login shell, it replaces that shell with one that has nothing of the environment but a
+/// fixed set and `envs`, and reads no dotfile.
+pub(super) fn verify_command(cmd: &str, envs: &[(String, String)]) -> String {
+    use crate::sandbox::shell_quote;
+    let mut line = format!(
+        "exec env -i PATH={} HOME={VERIFIER}/home TMPDIR={VERIFIER}/tmp USER=root LOGNAME=root \
+         SHELL=/bin/bash LANG=C.UTF-8 PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1",
+        crate::sandbox::VERIFY_PATH
+    );
+    for (k, v) in envs {
+        line.push(' ');
+        line.push_str(&shell_quote(&format!("{k}={v}")));
+    }
+    line.push_str(" /bin/bash --noprofile --norc -c ");
+    line.push_str(&shell_quote(cmd));
+    line
+}
+
+/// Where `reset`'s kill loop ends, which `stop` runs alone.
+const KILL_LOOP_END: &str = "# -- every process of the task is gone --\n";
+
 /// `reset`: run as root; its arguments are the pids of the runner processes to keep.
 pub(super) fn reset_script() -> String {
     format!(
@@ -79,7 +124,7 @@ while :; do
   kill -KILL "${{victims[@]}}" 2>/dev/null
   sleep 0.02
 done
-shopt -s dotglob nullglob
+{KILL_LOOP_END}{CLEAR_VERIFIER}shopt -s dotglob nullglob
 rm -rf /home/user/* /tmp/* || {{ echo "cannot empty the home or /tmp"; exit 3; }}
 cp -a "$S/home/." /home/user/ && cp -a "$S/tmp/." /tmp/ && chmod 1777 /tmp || {{ echo "cannot restore the sealed state"; exit 3; }}
 # A directory's own size only grows as entries come and go, so it is left out.
@@ -102,7 +147,7 @@ mod tests {
     /// The scripts are bash; a syntax error would only show on a real sandbox.
     #[test]
     fn scripts_parse_as_bash() {
-        for script in [seal_script(), reset_script()] {
+        for script in [seal_script(), reset_script(), stop_script()] {
             let out = std::process::Command::new("bash")
                 .args(["-n", "-c", &script])
                 .output()

@@ -33,15 +33,21 @@ const REUSE_TIMEOUT: Duration = Duration::from_secs(120);
 fn user_of(role: Role) -> &'static str {
     match role {
         Role::Task => TASK_USER,
-        Role::System => SYSTEM_USER,
+        Role::System | Role::Verify => SYSTEM_USER,
     }
 }
 
-/// Files under the system directory are root's; everything else belongs to the task user.
+/// Files under the system directory and the tests are root's; everything else belongs to the
+/// task user.
 fn file_user(path: &str) -> &'static str {
-    match path.strip_prefix(SYSTEM_DIR) {
-        Some(rest) if rest.is_empty() || rest.starts_with('/') => SYSTEM_USER,
-        _ => TASK_USER,
+    let under = |dir: &str| {
+        path.strip_prefix(dir)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    if under(SYSTEM_DIR) || under(crate::sandbox::TESTS_DIR) {
+        SYSTEM_USER
+    } else {
+        TASK_USER
     }
 }
 /// Commands run as `bash -l -c CMD`, like the SDK's, so login profiles set PATH and friends.
@@ -246,9 +252,26 @@ impl Sandbox for E2bSandbox {
         self.reuse_script("resetting", &reuse::reset_script(), &pids)
     }
 
+    fn stop_agent(&self, runner_too: bool) -> Result<()> {
+        let pids: Vec<String> = if runner_too {
+            Vec::new()
+        } else {
+            lock(&self.system_pids).iter().map(u32::to_string).collect()
+        };
+        self.reuse_script("stopping the agent", &reuse::stop_script(), &pids)
+    }
+
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
         let started = Instant::now();
-        let request = self.start_request(cmd, opts.cwd.as_deref(), &opts.envs, false);
+        let verifier;
+        let (cmd, envs) = match opts.role {
+            Role::Verify => {
+                verifier = reuse::verify_command(cmd, &opts.envs);
+                (verifier.as_str(), &[][..])
+            }
+            _ => (cmd, &opts.envs[..]),
+        };
+        let request = self.start_request(cmd, opts.cwd.as_deref(), envs, false);
         let (pid, mut stream) = self.open(
             "process.Process/Start",
             &request,

@@ -14,7 +14,9 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
 use super::isolation::{self, Isolation, IsolationChoice};
-use super::meta::{self, Meta, MetaError, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
+use super::meta::{
+    self, Meta, MetaError, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TESTS_DIR, TMP_DIR, VERIFIER_DIR,
+};
 use super::ns::{Space, NS_DIR};
 use super::pause::{self, Resume, Resumed};
 use super::sandbox::LocalSandbox;
@@ -191,7 +193,13 @@ impl LocalBackend {
                 meta::private_dir(&staging.join(dir))?;
             }
             // The sandbox user's own directories, with the modes E2B gives them.
-            for (dir, mode) in [(ROOT_DIR, 0o755), (TMP_DIR, 0o1777), (SYSTEM_DIR, 0o700)] {
+            // `/tests` too, read-only to tasks (see `stop`).
+            for (dir, mode) in [
+                (ROOT_DIR, 0o755),
+                (TMP_DIR, 0o1777),
+                (SYSTEM_DIR, 0o700),
+                (TESTS_DIR, 0o755),
+            ] {
                 let path = staging.join(dir);
                 fs::create_dir(&path)?;
                 fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
@@ -199,6 +207,7 @@ impl LocalBackend {
                     sys::chown(&path, uid)?;
                 }
             }
+            fs::create_dir(staging.join(VERIFIER_DIR))?;
             meta::write_meta(&staging, &m)?;
             fs::rename(&staging, self.shared.sandboxes.join(&id))
         })();

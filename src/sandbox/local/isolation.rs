@@ -29,6 +29,15 @@ use crate::sandbox::Role;
 
 /// The uid and gid sandbox processes run as, inside and (when the host runs as root) outside.
 pub const SANDBOX_UID: u32 = 1000;
+/// The uid and gid a task's verifier runs as when the host runs as root: an identity the
+/// agent never had, so nothing the agent left can signal or trace it. It is also a member of
+/// the sandbox user's group, so it may write where the agent let that group write (task
+/// processes start with umask 002, see `enter`). In a user namespace (not root) only
+/// [`SANDBOX_UID`] is mapped, and the verifier runs as that.
+pub const VERIFIER_UID: u32 = 1001;
+/// Where a sandbox's verifier `HOME` and `TMPDIR` live, as task namespaces see them: the
+/// host makes both anew, owned by the verifier, before each verify.
+pub const BWRAP_VERIFIER: &str = "/verifier";
 /// The home, `/tmp` and system directory as sandbox processes see them under bwrap.
 pub const BWRAP_HOME: &str = "/home/user";
 pub const BWRAP_TMP: &str = "/tmp";
@@ -53,8 +62,9 @@ const MASKED_DIRS: &[&str] = &["/etc/ssh", "/etc/ssl/private"];
 /// the host's files, which name the host's own accounts.
 const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\n\
     user:x:1000:1000:user:/home/user:/bin/bash\n\
+    verifier:x:1001:1001:verifier:/verifier/home:/bin/bash\n\
     nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
-const GROUP: &str = "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n";
+const GROUP: &str = "root:x:0:\nuser:x:1000:verifier\nverifier:x:1001:\nnogroup:x:65534:\n";
 /// A PATH that finds the usual tools in the sandbox; the directory holding `node` is added
 /// when it lies elsewhere.
 const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -313,6 +323,10 @@ pub(super) struct Binds<'a> {
     pub home: &'a Path,
     pub tmp: &'a Path,
     pub system: &'a Path,
+    /// The task's tests (read-only at `/tests`) and the verifier's directory, in task
+    /// namespaces only.
+    pub tests: &'a Path,
+    pub verifier: &'a Path,
     /// The identity files written beside the sandboxes.
     pub passwd: &'a Path,
     pub group: &'a Path,
@@ -342,8 +356,19 @@ impl Bwrap {
         a.push([BWRAP_HOME, "--bind"]);
         a.path(binds.tmp);
         a.push([BWRAP_TMP]);
+        if role != Role::System {
+            // Present in sandboxes made before verifiers existed only as empty places.
+            a.push(["--ro-bind-try"]);
+            a.path(binds.tests);
+            a.push([crate::sandbox::TESTS_DIR, "--bind-try"]);
+            a.path(binds.verifier);
+            a.push([BWRAP_VERIFIER]);
+        }
         if role == Role::System {
-            a.push(["--bind"]);
+            // E2B's root empties it (see `stop`); the emulator runs root's commands here.
+            a.push(["--bind-try"]);
+            a.path(binds.tests);
+            a.push([crate::sandbox::TESTS_DIR, "--bind"]);
             a.path(binds.system);
             a.push([BWRAP_SYSTEM]);
             for (host, at) in binds.shared {
@@ -371,13 +396,26 @@ impl Bwrap {
         }
     }
 
-    /// The uid (and gid) a command that enters a holder drops to itself: as root, the
-    /// sandbox user's; in a user namespace it already is the sandbox user.
-    pub fn drops_to(&self) -> Option<u32> {
-        match self.privilege {
-            Privilege::Root => Some(SANDBOX_UID),
-            Privilege::UserNamespace => None,
+    /// The identity a command of `role` that enters a holder drops to itself: as root, the
+    /// sandbox user's (the verifier's for [`Role::Verify`]); in a user namespace it already
+    /// is the sandbox user.
+    pub fn drops_to(&self, role: Role) -> Option<Identity> {
+        match (self.privilege, role) {
+            (Privilege::UserNamespace, _) => None,
+            (Privilege::Root, Role::Verify) => Some(Identity {
+                uid: VERIFIER_UID,
+                group: Some(SANDBOX_UID),
+            }),
+            (Privilege::Root, _) => Some(Identity {
+                uid: SANDBOX_UID,
+                group: None,
+            }),
         }
+    }
+
+    /// The uid that owns the verifier's directories on the host (when the host is root).
+    pub fn verifier_owner(&self) -> Option<u32> {
+        self.drops_to(Role::Verify).map(|id| id.uid)
     }
 
     /// Whether joining a holder means entering its user namespace too.
@@ -389,6 +427,14 @@ impl Bwrap {
     pub fn chowns(&self) -> bool {
         self.privilege == Privilege::Root
     }
+}
+
+/// Who an entered command becomes: `uid` as its uid and gid, and `group` as its one
+/// supplementary group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Identity {
+    pub uid: u32,
+    pub group: Option<u32>,
 }
 
 /// Writes the identity files sandboxes see into `dir` (once per backend).
@@ -424,6 +470,8 @@ fn check(b: &Bwrap) -> Result<(), String> {
             home: &home,
             tmp: &tmp,
             system: &home,
+            tests: &home,
+            verifier: &home,
             passwd: &passwd,
             group: &group,
             shared: &[],

@@ -21,6 +21,10 @@ pub(super) const ROOT_DIR: &str = "root";
 pub(super) const PROCS_DIR: &str = "procs";
 pub(super) const TMP_DIR: &str = "tmp";
 pub(super) const SYSTEM_DIR: &str = "system";
+/// A task's tests, for its verifier: shown read-only at `/tests` to task processes.
+pub(super) const TESTS_DIR: &str = "tests";
+/// The verifier's own `HOME` and `TMPDIR`, made anew before each verify (see `stop`).
+pub(super) const VERIFIER_DIR: &str = "verifier";
 /// The copy of the home and `/tmp` that `reset` restores.
 pub(super) const SEALED_DIR: &str = "sealed";
 
@@ -199,6 +203,7 @@ pub(super) fn write_proc_record(sandbox_dir: &Path, rec: &ProcRecord) -> io::Res
     let role = match rec.role {
         Role::Task => "task",
         Role::System => "system",
+        Role::Verify => "verify",
     };
     let text = format!("{} {role}\n{}", rec.start_time, rec.cmd);
     write_atomic(
@@ -238,6 +243,7 @@ pub(super) fn read_proc_records(procs_dir: &Path) -> io::Result<Vec<ProcRecord>>
         // Records written before roles existed are task processes.
         let role = match head.next() {
             Some("system") => Role::System,
+            Some("verify") => Role::Verify,
             _ => Role::Task,
         };
         out.push(ProcRecord {

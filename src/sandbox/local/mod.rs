@@ -50,6 +50,7 @@
 //! pause         pausing and resuming a sandbox
 //! process       starting processes and carrying their output
 //! reset         seal and reset
+//! stop          stopping the agent before its work is verified
 //! sandbox       the `Sandbox` handle
 //! backend       the `Backend`: create, connect, list, kill, sweep, watch
 //! ```
@@ -71,6 +72,7 @@ mod sandbox;
 mod snapshot;
 mod spawn;
 mod state;
+mod stop;
 mod sys;
 mod teardown;
 mod watch;

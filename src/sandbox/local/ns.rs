@@ -38,7 +38,7 @@ impl Space {
     pub fn for_role(role: Role) -> Space {
         match role {
             Role::System => Space::Sandbox,
-            Role::Task => Space::Task,
+            Role::Task | Role::Verify => Space::Task,
         }
     }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use super::enter::Request;
-use super::isolation::Bwrap;
+use super::isolation::{Bwrap, BWRAP_VERIFIER};
 use super::meta::{self, ProcRecord};
 use super::ns::Space;
 use super::outlet::Outlet;
@@ -68,27 +68,51 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
     let home = match l.role {
         Role::Task => &state.home,
         Role::System => &state.system,
+        Role::Verify => "",
     };
     let mut c = match state.mode {
         Mode::Bwrap(bwrap) => {
             let holder = state.holder(Space::for_role(l.role))?;
-            if l.role == Role::Task {
+            if l.role != Role::System {
                 state.mark_entered(&holder)?;
             }
             // With the network locked the command gets a network namespace of its own, so
             // it reaches nothing beyond itself (a server it starts there lives as long as it
             // does). Its shell by its path in the sandbox, which has no search to do.
-            let env = sandbox_env(bwrap, home, state.envs.iter().chain(l.envs));
+            let (env, argv) = match l.role {
+                Role::Verify => (
+                    verifier_env(&bwrap.path_env, BWRAP_VERIFIER, l.envs),
+                    VERIFY_SHELL,
+                ),
+                _ => (
+                    sandbox_env(bwrap, home, state.envs.iter().chain(l.envs)),
+                    SHELL,
+                ),
+            };
+            let argv: Vec<&str> = argv.iter().copied().chain([l.cmd]).collect();
             Request::Enter {
                 holder: &holder,
                 user_namespace: bwrap.in_user_namespace(),
-                drop_to: bwrap.drops_to(),
+                drop_to: bwrap.drops_to(l.role),
                 own_network: !state.internet(),
                 cwd: &l.cwd,
                 env: &env,
-                argv: &["/bin/bash", "-c", l.cmd],
+                argv: &argv,
             }
             .command(&[])
+        }
+        // Unconfined, a verifier is a host process like any other, with the fixed
+        // environment all the same.
+        Mode::None if l.role == Role::Verify => {
+            let verifier = state.dir.join(meta::VERIFIER_DIR);
+            let mut c = Spawn::new(sys::program("bash"));
+            c.args(VERIFY_SHELL[1..].iter().chain([&l.cmd]))
+                .current_dir(&l.cwd);
+            let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.into());
+            for (k, v) in verifier_env(&path, &verifier.to_string_lossy(), l.envs) {
+                c.env(k, v);
+            }
+            c
         }
         Mode::None => {
             let mut c = match state.internet() {
@@ -132,6 +156,34 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
         .stdout(Io::Piped)
         .stderr(Io::Piped);
     Ok(c)
+}
+
+/// A task command's shell, and a verifier's, which reads no profile, rc file or `BASH_ENV`
+/// (its environment has none) the agent could have left; the command follows.
+const SHELL: &[&str] = &["/bin/bash", "-c"];
+const VERIFY_SHELL: &[&str] = &["/bin/bash", "--noprofile", "--norc", "-c"];
+
+/// A verifier's fixed environment (see [`Role::Verify`]): nothing of the sandbox's or the
+/// agent's, its own `HOME` and `TMPDIR` under `dir`, then the caller's variables.
+fn verifier_env(path: &str, dir: &str, caller: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env: BTreeMap<String, String> = PASSTHROUGH_ENV
+        .iter()
+        .filter_map(|k| Some((k.to_string(), std::env::var(k).ok()?)))
+        .collect();
+    for (k, v) in [
+        ("PATH", path.to_string()),
+        ("USER", "verifier".into()),
+        ("LOGNAME", "verifier".into()),
+        ("SHELL", "/bin/bash".into()),
+        ("HOME", format!("{dir}/home")),
+        ("TMPDIR", format!("{dir}/tmp")),
+        ("PYTHONNOUSERSITE", "1".into()),
+        ("PYTHONDONTWRITEBYTECODE", "1".into()),
+    ] {
+        env.insert(k.into(), v);
+    }
+    env.extend(caller.iter().cloned());
+    env.into_iter().collect()
 }
 
 /// The environment of a command under bwrap: ours alone but for the few variables passed

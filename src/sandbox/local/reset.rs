@@ -91,10 +91,15 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
     // process recorded, no launcher outside it lives either): it is kept, and so is the
     // spare made for the next reset.
     let kept = holder.is_some_and(|h| h.is_alive() && !ns::was_entered(&state.dir, &h))
-        && records.iter().all(|r| r.role != Role::Task);
+        && records.iter().all(|r| r.role == Role::System);
     if !kept {
         end_task_processes(state, holder, &records).map_err(unclean)?;
     }
+    super::stop::clear_verifier(state).map_err(|e| {
+        unclean(format!(
+            "cannot empty /tests and the verifier's directory: {e}"
+        ))
+    })?;
     let owner = state.file_owner();
     for (
         SealedTree {
@@ -136,7 +141,7 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
 /// Kills every task process and proves them gone: all of them by the task namespace's PID 1,
 /// then the recorded ones by their groups (which hold their host-side launchers; see
 /// `Holder::kill` for the order).
-fn end_task_processes(
+pub(super) fn end_task_processes(
     state: &SandboxState,
     holder: Option<Holder>,
     records: &[ProcRecord],
@@ -150,7 +155,7 @@ fn end_task_processes(
             Err(e) => return Err(format!("cannot kill its task namespace: {e}")),
         }
     }
-    let tasks = || records.iter().filter(|r| r.role == Role::Task);
+    let tasks = || records.iter().filter(|r| r.role != Role::System);
     let alive = teardown::kill_recorded_groups(tasks(), Some(&state.procs))
         .map_err(|(pgid, e)| format!("cannot kill process group {pgid}: {e}"))?;
     if !alive.is_empty() {

@@ -105,6 +105,11 @@ impl Sandbox for LocalSandbox {
         reset::reset(&self.state)
     }
 
+    fn stop_agent(&self, runner_too: bool) -> Result<()> {
+        self.state.ensure_live()?;
+        super::stop::stop_agent(&self.state, runner_too)
+    }
+
     fn run(&self, cmd: &str, opts: &RunOpts) -> Result<Output> {
         let launch = self.launch(cmd, opts.cwd.as_deref(), opts.role, &opts.envs, false)?;
         process::run(&self.state, &launch, opts)

@@ -23,7 +23,7 @@ use super::snapshot::Sealed;
 use super::sys;
 use super::teardown;
 use crate::sandbox::{
-    normalize_relative, ErrorClass, Killed, OnTimeout, Result, Role, SandboxError,
+    normalize_relative, ErrorClass, Killed, OnTimeout, Result, Role, SandboxError, TESTS_DIR,
 };
 use crate::sync::lock;
 
@@ -62,6 +62,8 @@ pub(super) struct SandboxState {
     pub system: String,
     /// The sandbox paths the host may read and write, and the host directories behind them.
     mounts: Vec<Mount>,
+    /// `<dir>/verifier`: the verifier's `HOME` and `TMPDIR` (see `stop`).
+    pub verifier: PathBuf,
     pub envs: Vec<(String, String)>,
     host: Arc<HostConfig>,
     /// Unix seconds. A cache: when it passes, meta.json is read again, since another wmo-e2b
@@ -111,6 +113,7 @@ impl SandboxState {
                     (BWRAP_HOME, ROOT_DIR),
                     (BWRAP_TMP, TMP_DIR),
                     (BWRAP_SYSTEM, SYSTEM_DIR),
+                    (TESTS_DIR, meta::TESTS_DIR),
                 ]
                 .map(|(at, name)| mount(at.into(), name));
                 (Mode::Bwrap(bwrap), mounts.into())
@@ -129,6 +132,7 @@ impl SandboxState {
             .find(|m| m.host.ends_with(SYSTEM_DIR))
             .map_or_else(String::new, |m| m.at.clone());
         Ok(SandboxState {
+            verifier: dir.join(meta::VERIFIER_DIR),
             id: meta.id.clone(),
             dir,
             sandboxes: sandboxes.to_path_buf(),
@@ -158,6 +162,8 @@ impl SandboxState {
             home: &self.mounts[0].host,
             tmp: &self.mounts[1].host,
             system: &self.mounts[2].host,
+            tests: &self.mounts[3].host,
+            verifier: &self.verifier,
             passwd: &self.host.passwd,
             group: &self.host.group,
             shared: &self.host.system_read_only,
@@ -532,7 +538,7 @@ impl SandboxState {
     pub fn cwd(&self, cwd: Option<&str>, role: Role) -> Result<String> {
         let Some(cwd) = cwd else {
             return Ok(match role {
-                Role::Task => self.home.clone(),
+                Role::Task | Role::Verify => self.home.clone(),
                 Role::System => self.system.clone(),
             });
         };

@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use serde_json::{json, Map, Value};
 
-use super::locate::{locate, owner_of, resolve, under_system, Follow};
+use super::locate::{locate, owner_of, resolve, root_only, Follow};
 use super::metadata::metadata_of;
 use crate::emulator::connect::{int_field, string_field, Code, RpcError, RpcResult};
 use crate::emulator::paths;
@@ -73,7 +73,7 @@ fn path_arg(
     let path = string_field(msg, name, name)?.unwrap_or_default();
     let (files, rel, e2b) =
         locate(entry, &path, role, follow).map_err(|m| RpcError::new(Code::InvalidArgument, m))?;
-    if write && role == Role::Task && under_system(&e2b) {
+    if write && role == Role::Task && root_only(&e2b) {
         return Err(RpcError::new(
             Code::InvalidArgument,
             format!("permission denied: {e2b}"),

@@ -16,16 +16,20 @@ const MAX_HOPS: usize = 40;
 
 /// The user E2B reports as the owner (and group) of a path.
 pub(super) fn owner_of(e2b: &str) -> &'static str {
-    if under_system(e2b) {
+    if root_only(e2b) {
         "root"
     } else {
         "user"
     }
 }
 
-pub(super) fn under_system(e2b: &str) -> bool {
-    e2b.strip_prefix(SYSTEM_DIR)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+/// Whether only `root` may write at `e2b`: the runner's directory, and the tests a verifier
+/// is given (which the agent, as `user`, must never write).
+pub(super) fn root_only(e2b: &str) -> bool {
+    [SYSTEM_DIR, crate::sandbox::TESTS_DIR].iter().any(|dir| {
+        e2b.strip_prefix(dir)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
 }
 
 /// How much of a path's symlinks envd would follow for an operation.

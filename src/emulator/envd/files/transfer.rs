@@ -6,7 +6,7 @@ use std::io::{self, Read};
 use flate2::read::GzDecoder;
 use serde_json::{json, Value};
 
-use super::locate::{locate, under_system, Follow};
+use super::locate::{locate, root_only, Follow};
 use super::metadata::{self, StoreError};
 use super::multipart::{media_param, multipart};
 use crate::emulator::envd::call::files_user;
@@ -35,7 +35,7 @@ fn read_file(entry: &SandboxEntry, req: &Request) -> Result<Response, Response> 
         .ok_or_else(|| Response::error(400, "path is required"))?;
     let (files, rel, e2b) =
         locate(entry, path, role, Follow::All).map_err(|m| Response::error(400, m))?;
-    if role == Role::Task && under_system(&e2b) {
+    if role == Role::Task && root_only(&e2b) {
         return Err(Response::error(
             403,
             format!("cannot open '{e2b}': permission denied"),
@@ -88,7 +88,7 @@ fn write_files(entry: &SandboxEntry, req: &Request) -> Result<Response, Response
     for (path, data) in uploads {
         let (files, rel, e2b) =
             locate(entry, &path, role, Follow::All).map_err(|m| Response::error(400, m))?;
-        if role == Role::Task && under_system(&e2b) {
+        if role == Role::Task && root_only(&e2b) {
             return Err(Response::error(
                 403,
                 format!("cannot write '{e2b}': permission denied"),

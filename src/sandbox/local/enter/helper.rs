@@ -12,6 +12,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use crate::sandbox::local::confined::open_at;
+use crate::sandbox::local::isolation::Identity;
 use crate::sandbox::local::sys;
 
 /// The first argument that makes a program linking this library the helper. An option, so
@@ -122,12 +123,7 @@ fn serve(args: &[OsString]) -> Result<Never, Failure> {
             };
             let drop_to = match drop_to.as_bytes() {
                 b"-" => None,
-                id => Some(
-                    std::str::from_utf8(id)
-                        .ok()
-                        .and_then(|s| s.parse().ok())
-                        .ok_or_else(bad)?,
-                ),
+                id => Some(parse_identity(id).ok_or_else(bad)?),
             };
             let opened = open_holder(holder, user == "u", true)?;
             only_stdio().map_err(cannot_enter)?;
@@ -135,6 +131,19 @@ fn serve(args: &[OsString]) -> Result<Never, Failure> {
         }
         _ => Err(bad()),
     }
+}
+
+/// `UID` or `UID+GROUP` (see `request::identity_arg`).
+fn parse_identity(text: &[u8]) -> Option<Identity> {
+    let text = std::str::from_utf8(text).ok()?;
+    let (uid, group) = match text.split_once('+') {
+        Some((u, g)) => (u, Some(g.parse().ok()?)),
+        None => (text, None),
+    };
+    Some(Identity {
+        uid: uid.parse().ok()?,
+        group,
+    })
 }
 
 /// A holder's namespaces, opened close-on-exec.
@@ -225,7 +234,7 @@ fn command_env() -> Vec<CString> {
 /// Joins every namespace, starts the command as a child and becomes its launcher.
 fn enter(
     opened: &Opened,
-    drop_to: Option<u32>,
+    drop_to: Option<Identity>,
     own_network: bool,
     cwd: &OsStr,
     argv: &[OsString],
@@ -302,6 +311,10 @@ fn enter(
                         CANNOT_ENTER,
                     );
                 }
+                // What a task makes is its group's to write too, so the verifier (a member of
+                // that group, see `isolation::VERIFIER_UID`) may build and write where the
+                // agent worked; an agent that takes that away only fails its own verify.
+                libc::umask(0o002);
                 libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
                 fail(b"wmo-e2b: cannot start the command\n", CANNOT_EXEC)
             }
@@ -319,7 +332,7 @@ unsafe fn fail(why: &[u8], code: libc::c_int) -> ! {
 /// What `setpriv --reuid --regid --clear-groups --inh-caps=-all --bounding-set=-all
 /// --no-new-privs` does, as bwrap does for the processes it starts: nothing the command
 /// execs can gain a privilege.
-unsafe fn drop_privileges(drop_to: Option<u32>) -> io::Result<()> {
+unsafe fn drop_privileges(drop_to: Option<Identity>) -> io::Result<()> {
     // The bounding set first: emptying it takes CAP_SETPCAP, which the uid change ends.
     for cap in 0..64 {
         if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) == -1 {
@@ -330,10 +343,13 @@ unsafe fn drop_privileges(drop_to: Option<u32>) -> io::Result<()> {
             }
         }
     }
-    if let Some(id) = drop_to {
-        check(libc::setgroups(0, std::ptr::null()))?;
-        check(libc::setresgid(id, id, id))?;
-        check(libc::setresuid(id, id, id))?;
+    if let Some(Identity { uid, group }) = drop_to {
+        match group {
+            Some(g) => check(libc::setgroups(1, &g))?,
+            None => check(libc::setgroups(0, std::ptr::null()))?,
+        }
+        check(libc::setresgid(uid, uid, uid))?;
+        check(libc::setresuid(uid, uid, uid))?;
     }
     clear_capabilities()?;
     check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))

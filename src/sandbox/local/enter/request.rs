@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 
 use super::helper::{ENV_PREFIX, HELPER_HOOK, REQUEST};
+use crate::sandbox::local::isolation::Identity;
 use crate::sandbox::local::ns::Holder;
 use crate::sandbox::local::spawn::Spawn;
 
@@ -13,9 +14,9 @@ pub(in crate::sandbox::local) enum Request<'a> {
     Enter {
         holder: &'a Holder,
         user_namespace: bool,
-        /// As root: the uid and gid to drop to. In a user namespace the command already is
-        /// the sandbox user, and its exec drops the capabilities joining gave it.
-        drop_to: Option<u32>,
+        /// As root: who to become. In a user namespace the command already is the sandbox
+        /// user, and its exec drops the capabilities joining gave it.
+        drop_to: Option<Identity>,
         /// A network namespace of the command's own, with only a loopback device, instead
         /// of the holder's (the host's network).
         own_network: bool,
@@ -54,7 +55,7 @@ impl Request<'_> {
             } => {
                 args.extend(["enter".into(), holder_arg(holder)]);
                 args.push(flag(*user_namespace, "u").into());
-                args.push(drop_to.map_or("-".into(), |id| id.to_string()).into());
+                args.push(drop_to.map_or("-".into(), identity_arg).into());
                 args.push(flag(*own_network, "n").into());
                 args.push(cwd.into());
                 args.extend(argv.iter().map(OsString::from));
@@ -81,6 +82,14 @@ impl Request<'_> {
         }
         c.args(args);
         c
+    }
+}
+
+/// `UID`, or `UID+GROUP` with a supplementary group.
+fn identity_arg(id: Identity) -> String {
+    match id.group {
+        Some(g) => format!("{}+{g}", id.uid),
+        None => id.uid.to_string(),
     }
 }
 
@@ -114,7 +123,10 @@ mod tests {
         let c = Request::Enter {
             holder: &h,
             user_namespace: false,
-            drop_to: Some(1000),
+            drop_to: Some(Identity {
+                uid: 1000,
+                group: None,
+            }),
             own_network: true,
             cwd: "/home/user",
             env: &env,
