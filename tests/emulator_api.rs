@@ -571,3 +571,43 @@ fn the_command_serves_until_sigterm_and_cleans_up() {
     let left = std::fs::read_dir(state.join("sandboxes")).unwrap().count();
     assert_eq!(left, 0);
 }
+
+/// Without `--api-key` the emulator makes a random key of its own and prints it, so no
+/// example key a task could guess opens its API.
+#[test]
+fn without_a_key_the_command_makes_a_random_one() {
+    use std::io::BufRead;
+    let mut keys = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_wmo-e2b"))
+            .args(["emulator", "--json", "--state-dir"])
+            .arg(dir.path().join("state"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first: serde_json::Value =
+            serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        let key = first["api_key"].as_str().unwrap().to_string();
+        let url = first["url"].as_str().unwrap().to_string();
+        let status = |k: &str| match agent()
+            .get(&format!("{url}/sandboxes"))
+            .header("X-API-Key", k)
+            .call()
+        {
+            Ok(r) => r.status().as_u16(),
+            Err(ureq::Error::StatusCode(c)) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(status(&key), 200);
+        assert_eq!(status(KEY), 401);
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        assert!(child.wait().unwrap().success());
+        assert!(key.starts_with("e2b_") && key.len() == 44, "{key}");
+        keys.push(key);
+    }
+    assert_ne!(keys[0], keys[1]);
+}

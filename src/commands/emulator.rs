@@ -17,9 +17,11 @@ pub struct EmulatorArgs {
     /// Address to listen on; port 0 picks a free one (printed at start).
     #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
     listen: SocketAddr,
-    /// The API key clients must send as X-API-Key (E2B_API_KEY).
+    /// The API key clients must send as X-API-Key (E2B_API_KEY); without one a random key
+    /// is made and printed. Whoever holds it can run commands as root in every sandbox the
+    /// emulator serves, so never use a key a task could guess.
     #[arg(long, value_name = "KEY")]
-    api_key: String,
+    api_key: Option<String>,
     /// Injected faults, e.g. create-429=0.2,create-503=0.05,drop-stream=0.05,kill-fail=0.1,
     /// create-delay-ms=200, settimeout-429=0.5 (also kill, connect, list, info, network),
     /// create-502-after=0.1, retry-after=1, should-retry=0.
@@ -47,13 +49,21 @@ pub fn run(args: EmulatorArgs) -> Result<Exit> {
         .fault
         .parse()
         .map_err(|e| UsageError(format!("--fault {:?}: {e}", args.fault)))?;
-    if args.api_key.is_empty() {
-        return Err(UsageError("--api-key must not be empty".into()).into());
-    }
+    let api_key = match args.api_key {
+        Some(k) if k.is_empty() => {
+            return Err(UsageError("--api-key must not be empty".into()).into())
+        }
+        Some(k) => k,
+        None => format!(
+            "e2b_{}",
+            wmo_e2b::id::random_hex(20)
+                .map_err(|e| anyhow::anyhow!("cannot make a random API key: {e}"))?
+        ),
+    };
     let state_dir = args
         .state_dir
         .unwrap_or_else(|| wmo_e2b::state::state_dir().join("emulator"));
-    let mut config = EmulatorConfig::new(args.listen, args.api_key.clone(), state_dir);
+    let mut config = EmulatorConfig::new(args.listen, api_key.clone(), state_dir);
     config.faults = faults;
     config.seed = args.seed;
     config.max_sandboxes = args.max_sandboxes as usize;
@@ -75,14 +85,12 @@ pub fn run(args: EmulatorArgs) -> Result<Exit> {
         print_json(&Listening {
             kind: "listening",
             url: &url,
-            api_key: &args.api_key,
+            api_key: &api_key,
         });
     } else {
         println!("{url}");
         eprintln!("emulator: serving the E2B API and envd at {url}; Ctrl-C stops it");
-        eprintln!(
-            "emulator: export E2B_API_URL={url} E2B_SANDBOX_URL={url} E2B_API_KEY=<your --api-key>"
-        );
+        eprintln!("emulator: export E2B_API_URL={url} E2B_SANDBOX_URL={url} E2B_API_KEY={api_key}");
     }
 
     // Blocks until Ctrl-C or SIGTERM (a dropped handler would also end it).
