@@ -254,6 +254,8 @@ struct Phases {
     setup: f64,
     episode: f64,
     verify: f64,
+    /// Of `verify`: stopping the agent.
+    stop: f64,
     release: f64,
     total: f64,
     reused: bool,
@@ -299,12 +301,17 @@ fn one_task(pool: &Pool, task: &Task, transcripts: &Path, n: usize) -> Phases {
     };
     let t_ep = t2.elapsed().as_secs_f64();
     assert_eq!(outcome.stop_reason, StopReason::Submit);
+    // The verify phase as eval runs it: the agent stopped (a fresh task namespace), then
+    // the verifier in its fixed context.
     let t3 = Instant::now();
+    sandbox.stop_agent(false).expect("stop the agent");
+    let t_stop = t3.elapsed().as_secs_f64();
     let v = sandbox
         .run(
             task.verify.as_deref().unwrap(),
             &RunOpts {
                 cwd: Some(ws.clone()),
+                role: wmo_e2b::sandbox::Role::Verify,
                 ..RunOpts::default()
             },
         )
@@ -321,6 +328,7 @@ fn one_task(pool: &Pool, task: &Task, transcripts: &Path, n: usize) -> Phases {
         setup: t_setup,
         episode: t_ep,
         verify: t_verify,
+        stop: t_stop,
         release: t_rel,
         total: t0.elapsed().as_secs_f64(),
         reused,
@@ -369,6 +377,7 @@ fn cycle(state: &Path, reps: usize, warm_per_pool: usize, isolation: &str) -> Va
             "setup_ms": med(v, |p| p.setup),
             "episode_ms": med(v, |p| p.episode),
             "verify_ms": med(v, |p| p.verify),
+            "stop_ms": med(v, |p| p.stop),
             "release_ms": med(v, |p| p.release),
         })
     };

@@ -75,7 +75,7 @@ print(f"| `eval -j 16` throughput vs 16 × `-j 1`, bwrap | {tput[16]:.2f} tasks/
 print()
 print(f"Reset, per task: {cycle['mean_reset_ms']:.2f} ms on average ({cycle['resets']} resets, {cycle['unclean']} unclean); "
       f"the warm task's phases (ms): acquire {cycle['warm']['acquire_ms']}, files {cycle['warm']['setup_ms']}, "
-      f"episode {cycle['warm']['episode_ms']}, verify {cycle['warm']['verify_ms']}, release (the reset) {cycle['warm']['release_ms']}; "
+      f"episode {cycle['warm']['episode_ms']}, verify {cycle['warm']['verify_ms']} (of which stopping the agent {cycle['warm'].get('stop_ms')}), release (the reset) {cycle['warm']['release_ms']}; "
       f"the cold one's acquire (create + runner bootstrap) {cycle['cold']['acquire_ms']}.")
 print(f"Every eval task passed: {ok}.")
 PY

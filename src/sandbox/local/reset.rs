@@ -155,6 +155,15 @@ pub(super) fn end_task_processes(
             Err(e) => return Err(format!("cannot kill its task namespace: {e}")),
         }
     }
+    end_task_groups(state, records)
+}
+
+/// Kills the recorded task process groups (their launchers outside the namespace, once the
+/// processes inside are gone), proves them gone, and drops their records.
+pub(super) fn end_task_groups(
+    state: &SandboxState,
+    records: &[ProcRecord],
+) -> std::result::Result<(), String> {
     let tasks = || records.iter().filter(|r| r.role != Role::System);
     let alive = teardown::kill_recorded_groups(tasks(), Some(&state.procs))
         .map_err(|(pgid, e)| format!("cannot kill process group {pgid}: {e}"))?;

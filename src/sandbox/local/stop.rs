@@ -18,10 +18,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::enter::Request;
 use super::meta::{self, PROCS_DIR, TESTS_DIR};
 use super::ns::{self, Space};
 use super::proc_table::KILL_WAIT;
-use super::reset::end_task_processes;
+use super::reset::{end_task_groups, end_task_processes};
 use super::snapshot::empty_dir;
 use super::state::{Mode, SandboxState};
 use super::sys;
@@ -46,6 +47,14 @@ pub(super) fn stop_agent(state: &Arc<SandboxState>, runner_too: bool) -> Result<
             state.start_holder(bwrap, Space::Sandbox)?;
             state.start_holder(bwrap, Space::Task)?;
             state.prepare_spare(bwrap);
+        }
+        // As root the holder's own processes are root's and the task's are not, so the task
+        // namespace can be swept from inside and kept: the verifier needs no new one.
+        Mode::Bwrap(bwrap) if !bwrap.in_user_namespace() => {
+            let holder = state.holder(Space::Task)?;
+            sys::probe_runs(Request::Sweep { holder: &holder }.command(&[]), "the sweep")
+                .map_err(|why| unclean(format!("sweeping its task namespace: {why}")))?;
+            end_task_groups(state, &records).map_err(unclean)?;
         }
         Mode::Bwrap(bwrap) => {
             let holder = ns::read(&state.dir, Space::Task).ok();

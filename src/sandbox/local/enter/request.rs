@@ -33,6 +33,9 @@ pub(in crate::sandbox::local) enum Request<'a> {
     },
     /// Just `argv`, with nothing of ours but stdio.
     Plain { argv: &'a [OsString] },
+    /// Kill every process in `holder`'s PID namespace that is not root's, from inside it,
+    /// and prove them gone (as root only: there the holder's own processes are root's).
+    Sweep { holder: &'a Holder },
 }
 
 impl Request<'_> {
@@ -76,6 +79,7 @@ impl Request<'_> {
                 args.push("plain".into());
                 args.extend(argv.iter().cloned());
             }
+            Request::Sweep { holder } => args.extend(["sweep".into(), holder_arg(holder)]),
         }
         if !matches!(self, Request::Enter { .. }) {
             c.envs(env.iter().copied());
