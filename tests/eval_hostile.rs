@@ -72,6 +72,48 @@ fn what_a_harness_and_a_verify_say_is_printed_escaped_by_eval_and_report() {
     );
 }
 
+#[test]
+fn a_harness_that_floods_its_transcript_and_answer_is_cut_at_the_bounds_with_a_note() {
+    let env = Env::new();
+    let dir = env.path("harness");
+    std::fs::create_dir_all(&dir).unwrap();
+    // 20 MiB of logs, past the transcript's 16 MiB, then a 3 MiB answer, past a record's
+    // 1 MiB.
+    std::fs::write(
+        dir.join("agent.mjs"),
+        r#"export async function runEpisode(ctx) {
+  const line = "x".repeat(64 * 1024);
+  for (let i = 0; i < 320; i++) ctx.log(line);
+  ctx.submit("y".repeat(3 * 1024 * 1024));
+}
+"#,
+    )
+    .unwrap();
+    let tasks = env.write_tasks(&[task("flood", "")]);
+    let o = env.eval(&tasks, &["--harness", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let path = env.out().join("transcripts/flood.jsonl");
+    let body = std::fs::read_to_string(&path).unwrap();
+    let (kept, note) = body.trim_end().rsplit_once('\n').unwrap();
+    assert!(
+        kept.len() < wmo_e2b::episode::transcript::MAX_TRANSCRIPT_BYTES as usize,
+        "{} bytes kept",
+        kept.len()
+    );
+    let note: serde_json::Value = serde_json::from_str(note).unwrap();
+    assert_eq!(note["from"], "note", "{note}");
+    assert!(note["dropped_lines"].as_u64().unwrap() >= 64, "{note}");
+    assert!(note["dropped_bytes"].as_u64().unwrap() >= 4 << 20, "{note}");
+
+    let answer = env.result("flood")["answer"].as_str().unwrap().to_string();
+    assert!(answer.len() < (1 << 20) + 200, "{} bytes", answer.len());
+    assert!(
+        answer.ends_with("bytes dropped]"),
+        "{}",
+        &answer[answer.len() - 80..]
+    );
+}
+
 /// The scripted model, except that a call for the task `boom` panics (a provider's bug, say)
 /// with escape sequences in its message. It notes how many sandboxes the pool holds when
 /// each other task asks it for a turn.
