@@ -289,3 +289,24 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOSTILE: &str = "t\x1b[2J\x1b]0;pwned\x07\u{202e}";
+
+    #[test]
+    fn the_progress_line_writes_no_escape_but_its_own() {
+        let running = HashMap::from([(HOSTILE.to_string(), Instant::now())]);
+        let mut out = Vec::new();
+        draw(&mut out, 3, &Tally::default(), &running, Instant::now());
+        let line = String::from_utf8(out).unwrap();
+        let own = line.strip_prefix("\r\x1b[2K").unwrap();
+        assert!(!own.chars().any(crate::terminal::is_unsafe), "{own:?}");
+        assert!(
+            own.contains("t\\x1b[2J\\x1b]0;pwned\\x07\\u{202e}"),
+            "{own}"
+        );
+    }
+}
