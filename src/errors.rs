@@ -22,6 +22,18 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     }
 }
 
+/// What a panic said: its message when it was given one (a `&str` or a `String`, as
+/// `panic!` makes), else a placeholder.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "(a panic without a message)"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

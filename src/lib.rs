@@ -26,4 +26,5 @@ pub mod skills;
 pub mod state;
 pub mod sync;
 pub mod task;
+pub mod terminal;
 pub mod tree;

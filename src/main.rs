@@ -5,6 +5,7 @@ mod commands;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use wmo_e2b::terminal::{escape, escape_lines};
 
 /// The exit codes every command shares, shown under `wmo-e2b --help`.
 const EXIT_CODES: &str = "\
@@ -49,6 +50,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A panic's message can quote a task, a harness or a sandbox (an eval task's panic is
+    // caught and recorded, but the hook runs first): shown escaped, like all such text.
+    std::panic::set_hook(Box::new(|info| {
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let msg = wmo_e2b::errors::panic_message(info.payload());
+        eprintln!("panic{at}: {}", escape(msg));
+    }));
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Eval(args) => commands::eval::run(*args),
@@ -61,9 +72,10 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code.into(),
         Err(err) => {
-            eprintln!("error: {err}");
+            // An error can quote a task, a sandbox or a server: escaped like all such text.
+            eprintln!("error: {}", escape_lines(&err.to_string()));
             for cause in err.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                eprintln!("  caused by: {}", escape_lines(&cause.to_string()));
             }
             commands::exit_code_of(&err).into()
         }

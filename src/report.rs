@@ -2,7 +2,8 @@
 //!
 //! Workers send [`EvalEvent`]s; the reporter thread owns the terminal. With `--json`, every
 //! event is one JSON object per line on stdout (a `type` tag on each), so nothing else may
-//! write there.
+//! write there. Every string a task, harness, model or sandbox gave goes through
+//! [`escape`] before it reaches the terminal.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use crate::eval::{EvalEvent, EvalSummary, Status, Tally, TaskRecord};
+use crate::terminal::escape;
 
 /// Progress redraws at most this often.
 const TICK: Duration = Duration::from_millis(200);
@@ -68,7 +70,12 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
                 if mode != ReportMode::Json {
                     let mut err = stderr.lock();
                     clear(&mut err, drawn);
-                    let _ = writeln!(err, "retry   {id} (attempt {attempt}): {reason}");
+                    let _ = writeln!(
+                        err,
+                        "retry   {} (attempt {attempt}): {}",
+                        escape(&id),
+                        escape(&reason)
+                    );
                 }
             }
             EvalEvent::TaskFinished { record } => {
@@ -83,7 +90,7 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
                 if mode != ReportMode::Json {
                     let mut err = stderr.lock();
                     clear(&mut err, drawn);
-                    let _ = writeln!(err, "error: {message}");
+                    let _ = writeln!(err, "error: {}", escape(&message));
                 }
             }
             EvalEvent::Interrupted => {
@@ -104,10 +111,14 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
                     let _ = write!(out, "{}", summary_table(&records, &summary));
                     let _ = out.flush();
                     if let Some(fatal) = &summary.fatal {
-                        let _ = writeln!(stderr.lock(), "error: the run stopped early: {fatal}");
+                        let _ = writeln!(
+                            stderr.lock(),
+                            "error: the run stopped early: {}",
+                            escape(fatal)
+                        );
                     }
                     let results = out_dir.join("results.jsonl");
-                    let _ = writeln!(out, "results: {}", results.display());
+                    let _ = writeln!(out, "results: {}", escape(&results.display().to_string()));
                 }
             }
         }
@@ -141,7 +152,10 @@ fn draw(
     let longest = running
         .iter()
         .max_by_key(|(_, t)| std::cmp::Reverse(**t))
-        .map(|(id, t)| format!(" · longest {id} {}", clock(t.elapsed().as_secs_f64())))
+        .map(|(id, t)| {
+            let secs = t.elapsed().as_secs_f64();
+            format!(" · longest {} {}", escape(id), clock(secs))
+        })
         .unwrap_or_default();
     let _ = write!(
         out,
@@ -165,7 +179,7 @@ fn task_line(r: &TaskRecord) -> String {
     let mut line = format!(
         "{:<9} {} ({}, {} turns, {:.1}s)",
         r.status.as_str(),
-        r.id,
+        escape(&r.id),
         r.stop_reason,
         r.turns,
         r.timings.acquire + r.timings.episode + r.timings.verify
@@ -177,8 +191,10 @@ fn task_line(r: &TaskRecord) -> String {
     line
 }
 
+/// `s` flattened to one escaped line, cut at `max` characters.
 fn one_line(s: &str, max: usize) -> String {
     let flat: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = escape(&flat).into_owned();
     if flat.chars().count() > max {
         format!("{}…", flat.chars().take(max).collect::<String>())
     } else {
@@ -197,7 +213,7 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
     rows.sort_by(|a, b| a.id.cmp(&b.id));
     let width = rows
         .iter()
-        .map(|r| r.id.len())
+        .map(|r| escape(&r.id).chars().count())
         .max()
         .unwrap_or(4)
         .clamp(4, 40);
@@ -211,7 +227,7 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
             let secs = r.timings.acquire + r.timings.episode + r.timings.verify;
             out.push_str(&format!(
                 "{:<width$}  {:<9}  {:<16}  {:>5}  {:>7.1}  {}\n",
-                r.id,
+                escape(&r.id),
                 r.status.as_str(),
                 r.stop_reason,
                 r.turns,
@@ -269,7 +285,28 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
         ));
     }
     if let Some(e) = &summary.cleanup_error {
-        out.push_str(&format!("cleanup: {e}\n"));
+        out.push_str(&format!("cleanup: {}\n", escape(e)));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOSTILE: &str = "t\x1b[2J\x1b]0;pwned\x07\u{202e}";
+
+    #[test]
+    fn the_progress_line_writes_no_escape_but_its_own() {
+        let running = HashMap::from([(HOSTILE.to_string(), Instant::now())]);
+        let mut out = Vec::new();
+        draw(&mut out, 3, &Tally::default(), &running, Instant::now());
+        let line = String::from_utf8(out).unwrap();
+        let own = line.strip_prefix("\r\x1b[2K").unwrap();
+        assert!(!own.chars().any(crate::terminal::is_unsafe), "{own:?}");
+        assert!(
+            own.contains("t\\x1b[2J\\x1b]0;pwned\\x07\\u{202e}"),
+            "{own}"
+        );
+    }
 }

@@ -1,6 +1,10 @@
-//! The report as terminal text.
+//! The report as terminal text. Everything a run wrote (ids, statuses, errors, verify
+//! output, notes, run names) goes through the terminal escaper: a results file is data, and
+//! the screen must not act on it.
 
 use std::fmt::Write;
+
+use crate::terminal::escape;
 
 use super::compare::{Comparison, Delta, Flip};
 use super::stats::{Percentiles, Summary};
@@ -18,15 +22,22 @@ pub fn render(r: &Report) -> String {
 }
 
 fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
-    writeln!(o, "run: {}", r.runs.join(", "))?;
+    writeln!(o, "run: {}", escape(&r.runs.join(", ")))?;
     if r.shards.len() > 1 || r.shards != r.runs {
-        writeln!(o, "shards: {} ({})", r.shards.len(), r.shards.join(", "))?;
+        let shards = r.shards.join(", ");
+        writeln!(o, "shards: {} ({})", r.shards.len(), escape(&shards))?;
     }
     write_summary(o, &r.summary)?;
     if !r.failures.is_empty() {
         writeln!(o, "\nnot passed ({}):", r.failures.len())?;
         for f in r.failures.iter().take(SHOWN_FAILURES) {
-            write!(o, "  {}  {} / {}", f.id, f.status, f.stop_reason)?;
+            write!(
+                o,
+                "  {}  {} / {}",
+                escape(&f.id),
+                escape(&f.status),
+                escape(&f.stop_reason)
+            )?;
             match (f.verify_exit_code, f.verify_timed_out) {
                 (_, true) => write!(o, "  verify timed out")?,
                 (Some(code), false) => write!(o, "  verify exit {code}")?,
@@ -37,7 +48,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
                 writeln!(o, "      error: {}", one_line(e))?;
             }
             for line in &f.verify_tail {
-                writeln!(o, "      | {line}")?;
+                writeln!(o, "      | {}", escape(line))?;
             }
         }
         if r.failures.len() > SHOWN_FAILURES {
@@ -105,7 +116,7 @@ fn write_summary(o: &mut String, s: &Summary) -> std::fmt::Result {
 }
 
 fn write_compare(o: &mut String, c: &Comparison) -> std::fmt::Result {
-    writeln!(o, "\ncompared with {}:", c.baseline.join(", "))?;
+    writeln!(o, "\ncompared with {}:", escape(&c.baseline.join(", ")))?;
     writeln!(o, "  pass rate: {}", delta(&c.pass_rate, 100.0, "%"))?;
     writeln!(o, "  tokens: {}", delta(&c.tokens, 1.0, ""))?;
     writeln!(
@@ -131,7 +142,13 @@ fn flips(o: &mut String, title: &str, list: &[Flip]) -> std::fmt::Result {
     }
     writeln!(o, "  {title} ({}):", list.len())?;
     for f in list.iter().take(SHOWN_FAILURES) {
-        writeln!(o, "    {}  {} -> {}", f.id, f.before, f.after)?;
+        writeln!(
+            o,
+            "    {}  {} -> {}",
+            escape(&f.id),
+            escape(&f.before),
+            escape(&f.after)
+        )?;
     }
     Ok(())
 }
@@ -140,10 +157,10 @@ fn ids(o: &mut String, title: &str, list: &[String]) -> std::fmt::Result {
     if list.is_empty() {
         return Ok(());
     }
-    let shown: Vec<&str> = list
+    let shown: Vec<_> = list
         .iter()
         .take(SHOWN_FAILURES)
-        .map(String::as_str)
+        .map(|id| escape(id))
         .collect();
     let more = if list.len() > shown.len() {
         ", ..."
@@ -159,7 +176,7 @@ fn write_notes(o: &mut String, title: &str, notes: &[super::Note]) -> std::fmt::
     }
     writeln!(o, "\n{title} ({}):", notes.len())?;
     for n in notes.iter().take(SHOWN_NOTES) {
-        writeln!(o, "  {n}")?;
+        writeln!(o, "  {}", escape(&n.to_string()))?;
     }
     if notes.len() > SHOWN_NOTES {
         writeln!(
@@ -172,7 +189,10 @@ fn write_notes(o: &mut String, title: &str, notes: &[super::Note]) -> std::fmt::
 }
 
 fn counts(m: &std::collections::BTreeMap<String, usize>) -> String {
-    let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let parts: Vec<String> = m
+        .iter()
+        .map(|(k, v)| format!("{} {v}", escape(k)))
+        .collect();
     if parts.is_empty() {
         "none".into()
     } else {
@@ -201,11 +221,12 @@ fn delta(d: &Delta, scale: f64, unit: &str) -> String {
     }
 }
 
+/// The first line of `s`, escaped and cut at 200 characters.
 fn one_line(s: &str) -> String {
-    let line = s.lines().next().unwrap_or("");
+    let line = escape(s.lines().next().unwrap_or("")).into_owned();
     if line.chars().count() > 200 {
         line.chars().take(200).collect::<String>() + "..."
     } else {
-        line.to_string()
+        line
     }
 }

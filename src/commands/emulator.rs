@@ -68,7 +68,11 @@ pub fn run(args: EmulatorArgs) -> Result<Exit> {
     config.seed = args.seed;
     config.max_sandboxes = args.max_sandboxes as usize;
     if args.verbose {
-        config.access_log = Some(Arc::new(|line: &str| eprintln!("emulator: {line}")));
+        // A line names what a client asked for: escaped, so a request cannot drive the
+        // terminal.
+        config.access_log = Some(Arc::new(|line: &str| {
+            eprintln!("emulator: {}", wmo_e2b::terminal::escape(line))
+        }));
     }
 
     // Installed before starting, so a signal can never leave sandboxes behind.

@@ -21,6 +21,7 @@ use wmo_e2b::sandbox::e2b::E2bOptions;
 use wmo_e2b::sandbox::local::LocalOptions;
 use wmo_e2b::state::state_dir;
 use wmo_e2b::task::ScriptStep;
+use wmo_e2b::terminal::{escape, escape_lines};
 
 #[derive(Debug, Subcommand)]
 pub enum ProjectCommand {
@@ -193,9 +194,14 @@ fn open(kind: Option<BackendKind>, name: &str, local: &LocalArgs) -> Result<Proj
     for n in p.take_notices() {
         match n {
             Notice::Replaced { old, new, files } => eprintln!(
-                "note: project {name}'s sandbox {old} was gone; created {new} and replayed {files} mirrored file(s) (files written by commands inside the sandbox are lost)"
+                "note: project {name}'s sandbox {} was gone; created {} and replayed {files} mirrored file(s) (files written by commands inside the sandbox are lost)",
+                escape(&old),
+                escape(&new)
             ),
-            Notice::Resumed { id } => eprintln!("note: resumed project {name}'s paused sandbox {id}"),
+            Notice::Resumed { id } => eprintln!(
+                "note: resumed project {name}'s paused sandbox {}",
+                escape(&id)
+            ),
         }
     }
     Ok(p)
@@ -338,7 +344,10 @@ fn create(
         Ok(e) => user_facing(e),
         Err(e) => e,
     })?;
-    println!("created project {name} (sandbox {})", p.state().sandbox_id);
+    println!(
+        "created project {name} (sandbox {})",
+        escape(&p.state().sandbox_id)
+    );
     Ok(Exit::Success)
 }
 
@@ -413,7 +422,11 @@ fn list(json: bool, local: &LocalArgs) -> Result<Exit> {
         for (p, state) in all.iter().zip(&states) {
             println!(
                 "{:<24}  {:<7}  {:<24}  {:<8}  {}",
-                p.name, p.backend, p.sandbox_id, state, p.replacements
+                p.name,
+                p.backend,
+                escape(&p.sandbox_id),
+                state,
+                p.replacements
             );
         }
     }
@@ -433,7 +446,7 @@ fn close(name: &str, backend: Option<BackendKind>, local: &LocalArgs) -> Result<
     let backend = leased(backend_of(name, backend), name, local)?;
     let (state, killed) =
         Project::close(&state_dir(), name, backend.as_ref()).map_err(user_facing)?;
-    let id = state.sandbox_id;
+    let id = escape(&state.sandbox_id);
     match killed {
         Killed::Now => println!("closed project {name} (sandbox {id} killed)"),
         Killed::AlreadyGone => println!("closed project {name} (sandbox {id} was gone already)"),
@@ -603,7 +616,9 @@ fn run_turn(args: RunArgs, local: &LocalArgs) -> Result<Exit> {
     for n in p.take_notices() {
         if let Notice::Replaced { old, new, files } = n {
             eprintln!(
-                "note: the turn moved from sandbox {old} to {new} ({files} mirrored file(s) replayed)"
+                "note: the turn moved from sandbox {} to {} ({files} mirrored file(s) replayed)",
+                escape(&old),
+                escape(&new)
             );
         }
     }
@@ -615,7 +630,7 @@ fn run_turn(args: RunArgs, local: &LocalArgs) -> Result<Exit> {
         );
     } else {
         match &r.answer {
-            Some(a) => println!("{a}"),
+            Some(a) => println!("{}", escape_lines(a)),
             None => eprintln!("the agent ended without submitting ({})", r.reason),
         }
         eprintln!("events: {}", events_path.display());
@@ -652,7 +667,7 @@ fn snapshot(
             .with_context(|| format!("cannot write the snapshot to {}", out.display()))?;
     }
     for path in snap.files.keys() {
-        println!("{path}");
+        println!("{}", escape(path));
     }
     eprintln!(
         "{} file(s), {} bytes, tree hash {}",

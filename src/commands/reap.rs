@@ -5,6 +5,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use wmo_e2b::reap::{self, ReapOptions};
+use wmo_e2b::terminal::escape;
 
 use super::{open_backend, BackendKind, Exit};
 
@@ -39,8 +40,8 @@ pub fn run(args: ReapArgs) -> Result<Exit> {
     for s in &plan.skipped_files {
         eprintln!(
             "warning: skipped lease file {}: {}",
-            s.path.display(),
-            s.reason
+            escape(&s.path.display().to_string()),
+            escape(&s.reason)
         );
     }
     let outcomes = reap::execute(backend.as_ref(), &state, &plan, args.dry_run);
@@ -72,15 +73,15 @@ pub fn run(args: ReapArgs) -> Result<Exit> {
         for (c, o) in plan.candidates.iter().zip(&outcomes) {
             println!(
                 "{:<24}  {:<8}  {:>7}  {:<10}  {:<40}  {}{}",
-                c.sandbox_id.as_deref().unwrap_or("-"),
-                c.kind,
+                escape(c.sandbox_id.as_deref().unwrap_or("-")),
+                escape(&c.kind),
                 age(c.age_secs),
                 o.result,
-                c.reason,
-                c.owner,
+                escape(&c.reason),
+                escape(&c.owner),
                 o.detail
                     .as_deref()
-                    .map(|d| format!("  ({d})"))
+                    .map(|d| format!("  ({})", escape(d)))
                     .unwrap_or_default()
             );
         }

@@ -3,6 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 use wmo_e2b::sandbox::{inventory, Killed};
+use wmo_e2b::terminal::escape;
 
 use super::{open_backend, BackendKind, Exit};
 
@@ -52,15 +53,15 @@ pub fn run(cmd: SandboxCommand) -> Result<Exit> {
                     };
                     println!(
                         "{:<24}  {:<8}  {:<7}  {:>6}s  {:>10}  {:<14}  {}",
-                        r.id,
-                        r.kind.as_deref().unwrap_or("-"),
+                        escape(&r.id),
+                        escape(r.kind.as_deref().unwrap_or("-")),
                         r.state,
                         r.age_secs,
                         expires,
                         r.lease_state
                             .map(|s| format!("{s:?}").to_lowercase())
                             .unwrap_or_else(|| "none".into()),
-                        r.owner.as_deref().unwrap_or("-"),
+                        escape(r.owner.as_deref().unwrap_or("-")),
                     );
                 }
             }
@@ -71,13 +72,14 @@ pub fn run(cmd: SandboxCommand) -> Result<Exit> {
             let mut failed = 0;
             for id in &ids {
                 match inventory::kill(backend.as_ref(), &state, id) {
-                    Ok(Killed::Now) => println!("killed {id}"),
-                    Ok(Killed::AlreadyGone) => println!("{id} was already gone"),
+                    Ok(Killed::Now) => println!("killed {}", escape(id)),
+                    Ok(Killed::AlreadyGone) => println!("{} was already gone", escape(id)),
                     Err(e) => {
                         failed += 1;
                         eprintln!(
-                            "error: could not kill {id}: {}",
-                            wmo_e2b::errors::error_chain(&e)
+                            "error: could not kill {}: {}",
+                            escape(id),
+                            escape(&wmo_e2b::errors::error_chain(&e))
                         );
                     }
                 }

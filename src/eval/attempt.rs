@@ -1,7 +1,9 @@
 //! One task's attempts: each on a pooled sandbox, the workspace prepared, the episode run
 //! through the broker, the work verified. A transport failure (the sandbox or its runner went
-//! away) is replayed on a fresh sandbox up to the run's limit.
+//! away) is replayed on a fresh sandbox up to the run's limit. A task whose handling panics
+//! ends as `error` and the run goes on: the sandbox it held is retired as the panic unwinds.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -14,12 +16,55 @@ use crate::environment::{self, Environment, SandboxEnvironment, WorldModelEnviro
 use crate::episode::{
     self, Episode, EpisodeConfig, EpisodeOutcome, Opening, StopReason, Transcript,
 };
-use crate::errors::error_chain;
-use crate::pool::{PoolError, Warm};
+use crate::errors::{error_chain, panic_message};
+use crate::pool::{Pool, PoolError, Warm};
 use crate::task::Task;
+use crate::terminal::escape;
+
+/// Runs `task` to its record, whatever its handling does: a panic (a bug here, or in a
+/// provider) ends this task as `error` with the panic's message instead of taking the run
+/// down with it.
+pub(super) fn run_task_to_record(run: &EvalRun<'_>, task: &Task, transcripts: &Path) -> TaskRecord {
+    // Unwind safety: what a task shares with the rest of the run is behind poison-tolerant
+    // locks (`sync::lock`) and atomics, and the sandbox it held is retired by `Held` as the
+    // panic unwinds; nothing half-updated is read afterwards.
+    match catch_unwind(AssertUnwindSafe(|| run_task(run, task, transcripts))) {
+        Ok(record) => record,
+        Err(payload) => {
+            let why = escape(panic_message(payload.as_ref())).into_owned();
+            let reason = format!("the task's handling failed (a bug in wmo-e2b): panicked: {why}");
+            error_record(task, Status::Error, &Progress::default(), 1, reason)
+        }
+    }
+}
+
+/// A sandbox one attempt holds: handed back by [`Held::release`], or retired (killed, its
+/// lease ended) when the attempt unwinds first, so a panic cannot leak it until the pool
+/// closes.
+pub(super) struct Held<'a> {
+    pub pool: &'a Pool,
+    pub warm: Option<Warm>,
+}
+
+impl Held<'_> {
+    pub(super) fn release(mut self, healthy: bool) -> Result<(), PoolError> {
+        match self.warm.take() {
+            Some(warm) => self.pool.release(warm, healthy),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(warm) = self.warm.take() {
+            let _ = self.pool.release(warm, false);
+        }
+    }
+}
 
 /// Runs `task` to its record.
-pub(super) fn run_task(run: &EvalRun<'_>, task: &Task, transcripts: &Path) -> TaskRecord {
+fn run_task(run: &EvalRun<'_>, task: &Task, transcripts: &Path) -> TaskRecord {
     let transcript_path = transcripts.join(format!("{}.jsonl", task.id));
     let mut transcript =
         Transcript::append(&transcript_path).unwrap_or_else(|_| Transcript::disabled());
@@ -65,7 +110,7 @@ fn run_attempt(
     let t0 = Instant::now();
     let acquired = run.pool.acquire();
     progress.acquire += t0.elapsed().as_secs_f64();
-    let mut warm = match acquired {
+    let acquired = match acquired {
         Ok(w) => w,
         Err(e) => {
             let reason = format!("could not get a sandbox: {}", error_chain(&e));
@@ -90,15 +135,20 @@ fn run_attempt(
             return Attempt::Done(Box::new(r));
         }
     };
-    let held = Instant::now();
-    let (result, healthy) = episode_in(run, task, transcript, attempt, &mut warm, progress);
+    let mut held = Held {
+        pool: &run.pool,
+        warm: None,
+    };
+    let warm = held.warm.insert(acquired);
+    let held_since = Instant::now();
+    let (result, healthy) = episode_in(run, task, transcript, attempt, warm, progress);
     let sandbox = SandboxRecord {
         id: Some(warm.sandbox.id().to_string()),
         reused: warm.reused,
-        seconds: held.elapsed().as_secs_f64(),
+        seconds: held_since.elapsed().as_secs_f64(),
     };
     // A release failure (a kill we could not prove) is the pool's to report at close.
-    let _ = run.pool.release(warm, healthy);
+    let _ = held.release(healthy);
     match result {
         Attempt::Done(mut r) => {
             r.sandbox = sandbox;

@@ -4,7 +4,9 @@
 //! A task's way to its line in `results.jsonl`: [`run`] schedules it, `attempt` runs attempts
 //! (a transport failure is replayed on a fresh sandbox), each attempt prepares the workspace
 //! (`workspace`), runs the episode through the broker, verifies, and `verdict` turns what
-//! happened into the record. Workers never print: they send [`EvalEvent`]s to one reporter.
+//! happened into the record. A task whose handling panics ends as `error` with the panic's
+//! message, and the run goes on. Workers never print: they send [`EvalEvent`]s to one
+//! reporter.
 
 mod attempt;
 mod budget;
@@ -288,7 +290,7 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
         control.emit(EvalEvent::TaskStarted {
             id: task.id.clone(),
         });
-        finish(task, attempt::run_task(run, task, &transcripts));
+        finish(task, attempt::run_task_to_record(run, task, &transcripts));
     };
     let all_done = AtomicBool::new(false);
     std::thread::scope(|scope| {

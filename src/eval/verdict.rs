@@ -73,6 +73,30 @@ pub(super) fn outcome_record(
     )
 }
 
+/// Bytes of a record's answer kept: one `results.jsonl` line stays a size every reader can
+/// hold, whatever a harness submits.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+/// Bytes of a record's error kept (a runner's note can be as long as a frame).
+const MAX_ERROR_BYTES: usize = 64 << 10;
+
+/// `text` cut to `max` bytes on a character boundary, ending with a note of what was cut.
+fn bounded(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let total = text.len();
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(&format!(
+        "… [cut at {max} bytes: {} of {total} bytes dropped]",
+        total - end
+    ));
+    text
+}
+
 #[allow(clippy::too_many_arguments)]
 fn record(
     task: &Task,
@@ -89,7 +113,7 @@ fn record(
         id: task.id.clone(),
         status,
         stop_reason,
-        answer,
+        answer: bounded(answer, MAX_ANSWER_BYTES),
         verify,
         turns: p.counters.turns,
         tool_calls: p.counters.tool_calls,
@@ -110,7 +134,7 @@ fn record(
             transport: 0,
             provider: p.counters.provider_retries,
         },
-        error,
+        error: error.map(|e| bounded(e, MAX_ERROR_BYTES)),
         cost: None,
         provenance: None,
     }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::attempt::Held;
 use super::results::VerifyRecord;
 use super::workspace::{error_text, SandboxFailure};
 use super::EvalRun;
@@ -154,7 +155,13 @@ fn verify_separately(
     archive: &[u8],
     timeout: Duration,
 ) -> Result<VerifyRecord, SandboxFailure> {
-    let fresh = run.pool.acquire().map_err(SandboxFailure::no_sandbox)?;
+    let mut held = Held {
+        pool: &run.pool,
+        warm: None,
+    };
+    let fresh = held
+        .warm
+        .insert(run.pool.acquire().map_err(SandboxFailure::no_sandbox)?);
     let sandbox = fresh.sandbox.clone();
     let ws = run.pool.workspace_of(sandbox.as_ref());
     let result = (|| {
@@ -195,7 +202,7 @@ fn verify_separately(
         verify_in(&sandbox, task, cmd, &ws, timeout)
     })();
     // A release failure (a kill we could not prove) is the pool's to report at close.
-    let _ = run.pool.release(fresh, result.is_ok());
+    let _ = held.release(result.is_ok());
     result
 }
 

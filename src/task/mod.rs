@@ -156,14 +156,16 @@ fn validate(task: &Task) -> Result<(), String> {
     if task.id.trim().is_empty() {
         return Err("field `id`: must not be empty".into());
     }
+    // An id names a transcript file and is printed on terminals: a control character or a
+    // bidi control (which can make one id read as another) has no place in it.
     if task.id.len() > 200
         || task
             .id
             .chars()
-            .any(|c| c.is_control() || c == '/' || c == '\\')
+            .any(|c| crate::terminal::is_unsafe(c) || c == '/' || c == '\\')
     {
         return Err(format!(
-            "field `id`: {:?} must be at most 200 characters with no control characters or slashes (it names a transcript file)",
+            "field `id`: {:?} must be at most 200 characters with no control characters, bidi controls or slashes (it names a transcript file)",
             task.id
         ));
     }
@@ -336,6 +338,37 @@ mod tests {
         assert!(e.contains("bogus"), "{e}");
 
         assert!(matches!(parse("\n\n"), Err(TaskError::Empty { .. })));
+    }
+
+    #[test]
+    fn ids_with_control_or_bidi_characters_are_refused_naming_line_and_field() {
+        // JSON escapes, as an attacker would write them: ESC, C1 NEL, DEL, a right-to-left
+        // override, an isolate and the three marks.
+        for bad in [
+            r"\u001b[2J",
+            r"\u0085",
+            r"\u007f",
+            r"x\u202etxt",
+            r"\u2066a",
+            r"\u200e",
+            r"\u200f",
+            r"\u061c",
+        ] {
+            let text = format!(
+                "{{\"id\":\"ok\",\"instruction\":\"x\"}}\n{{\"id\":\"{bad}\",\"instruction\":\"x\"}}"
+            );
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(
+                e.starts_with("t.jsonl:2:") && e.contains("`id`"),
+                "{bad}: {e}"
+            );
+            assert!(
+                !e.chars().any(crate::terminal::is_unsafe),
+                "{bad}: the message shows the id escaped: {e:?}"
+            );
+        }
+        // Other non-ASCII text stays a valid id.
+        assert!(parse(r#"{"id":"café-日本","instruction":"x"}"#).is_ok());
     }
 
     #[test]
