@@ -302,6 +302,12 @@ fn enter(
                         CANNOT_ENTER,
                     );
                 }
+                if crate::sandbox::local::seccomp::install().is_err() {
+                    fail(
+                        b"wmo-e2b: cannot filter the command's system calls\n",
+                        CANNOT_ENTER,
+                    );
+                }
                 libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
                 fail(b"wmo-e2b: cannot start the command\n", CANNOT_EXEC)
             }
