@@ -1,13 +1,15 @@
-//! Proven clean reuse of an E2B sandbox, done inside it by two root scripts.
+//! Proven clean reuse of an E2B sandbox, done inside it by root scripts.
 //!
 //! Task commands run as E2B's user `user` and the runner as `root`, so a task cannot touch
-//! the runner's directory (unless it uses `sudo`; see the README). `seal` copies the home and
-//! `/tmp` aside under the system directory and records every process running then. `reset`
-//! kills every process that was not running at the seal, is not the runner (or a descendant
-//! of it), and is not the reset itself; repeats until none is left (a fork loop included);
-//! then empties the home and `/tmp`, copies the sealed state back, and compares both with the
-//! sealed copy. Kernel threads and zombies are not processes to kill. Any doubt exits non-zero
-//! and the caller retires the sandbox.
+//! the runner's directory (unless it uses `sudo`; see the README). `seal` copies aside under
+//! the system directory the home, `/tmp` and every other directory `user` may write, and
+//! records every process running then. `reset` kills every process that was not running at
+//! the seal, is not the runner (or a descendant of it), and is not the reset itself; repeats
+//! until none is left (a fork loop included); then recreates each directory from its copy
+//! (modes, owners and xattrs of the directories themselves included), empties `/dev/shm` and
+//! the message queues, removes SysV IPC objects, and compares each directory with its copy.
+//! Kernel threads and zombies are not processes to kill. Any doubt exits non-zero and the
+//! caller retires the sandbox.
 
 /// Where the scripts keep the sealed state, under the system directory.
 pub(super) const SEALED: &str = "/opt/wmo-e2b/sealed";
