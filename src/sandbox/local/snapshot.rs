@@ -221,17 +221,19 @@ fn list_one(at: &Path, path: String) -> io::Result<Entry> {
 }
 
 /// Makes `dst`'s extended attributes exactly `src`'s: adds or rewrites every one `src` has
-/// and removes the others.
+/// and removes the others. One already as wanted is left alone: a label the system gives
+/// every new file (SELinux's) may be one we could not set ourselves.
 fn sync_xattrs(src: &Path, dst: &Path) -> io::Result<()> {
     let want = xattrs(src)?;
+    let has = xattrs(dst)?;
     let dst_c = c_path(dst)?;
-    for name in xattr_names(&dst_c)? {
-        if !want.iter().any(|(n, _)| *n == name) {
+    for (name, _) in &has {
+        if !want.iter().any(|(n, _)| n == name) {
             // SAFETY: NUL-terminated strings we own.
             check(unsafe { libc::lremovexattr(dst_c.as_ptr(), name.as_ptr()) })?;
         }
     }
-    for (name, value) in &want {
+    for (name, value) in want.iter().filter(|w| !has.contains(w)) {
         // SAFETY: NUL-terminated strings and a buffer of the length passed, all ours.
         check(unsafe {
             libc::lsetxattr(
