@@ -188,9 +188,25 @@ shopt -u dotglob nullglob
 /// `reset`'s second part, run as `user` after the first: on E2B the root script has emptied
 /// `/dev/shm` and the IPC objects already and this finds nothing; the emulator's root runs in
 /// its own namespaces, where the task's `/dev/shm` and IPC objects are not seen.
+/// It also clears the user's persistent keyrings (`@u`, `@us`), which outlive every process
+/// of the uid: a key one task added would be found by the next (locally the system call
+/// filter keeps tasks from keyrings altogether).
 pub(super) fn reset_user_script() -> String {
-    format!("set -u\n{SHARED_MEMORY}")
+    format!("set -u\n{SHARED_MEMORY}{CLEAR_KEYRINGS}")
 }
+
+/// `keyctl(KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING)`, and the user session keyring's, through
+/// `python3` (`keyctl` the program is rarely installed); an error (no keyring, a filter) is
+/// nothing to clear.
+const CLEAR_KEYRINGS: &str = r#"command -v python3 > /dev/null && python3 -c '
+import ctypes, platform
+nr = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
+if nr:
+    for ring in (-4, -5):
+        ctypes.CDLL(None).syscall(nr, 7, ring)
+'
+exit 0
+"#;
 
 #[cfg(test)]
 mod tests {
