@@ -26,6 +26,9 @@ const ARCH: u32 = 0xC000_003E;
 #[cfg(target_arch = "aarch64")]
 const ARCH: u32 = 0xC000_00B7;
 
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("the sandbox's system call filter knows the numbers of x86_64 and aarch64 only");
+
 /// x86_64's x32 calls: the same architecture in `seccomp_data`, numbers with this bit set.
 #[cfg(target_arch = "x86_64")]
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
