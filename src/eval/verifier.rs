@@ -208,9 +208,15 @@ fn verify_separately(
 
 impl SandboxFailure {
     /// The agent could not be proven stopped: its work cannot be judged, and a fresh
-    /// sandbox would only let it try again, so this ends the task as an error.
+    /// sandbox would only let it try again, so this ends the task as an error. A stop that
+    /// never reached the sandbox (a dropped stream) is a transport failure like any other.
     fn stopped(e: &crate::sandbox::SandboxError, home: &str) -> SandboxFailure {
-        SandboxFailure::task_error(format!("stopping the agent: {}", error_text(e, home)))
+        match e {
+            crate::sandbox::SandboxError::Unclean { .. } => {
+                SandboxFailure::task_error(format!("stopping the agent: {}", error_text(e, home)))
+            }
+            _ => SandboxFailure::new(e, "stopping the agent", home),
+        }
     }
 
     fn no_sandbox(e: crate::pool::PoolError) -> SandboxFailure {

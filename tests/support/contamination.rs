@@ -12,6 +12,10 @@ fn poison(kind: &str) -> String {
     )
 }
 
+/// Marks the home and `/tmp` themselves (not their contents) with an extended attribute.
+const LEAK_XATTRS: &str =
+    "import os\nfor p in (\"/home/user\", \"/tmp\"): os.setxattr(p, \"user.leak\", b\"1\")";
+
 /// The two tasks as tasks-file lines: `dirty` first, then `clean`.
 pub fn tasks() -> Vec<String> {
     let detach = format!(
@@ -21,11 +25,15 @@ pub fn tasks() -> Vec<String> {
          nohup bash -c '{loop4}' > /dev/null 2>&1 & \
          echo leak > /tmp/leak; echo 'export POISON=1' >> ~/.bashrc; \
          mkdir -p ~/.config && echo leak > ~/.config/leak; echo leak > ~/leak.txt; \
-         echo started",
+         echo leak > /dev/shm/leak; ipcmk -M 4096 > /dev/null 2>&1; \
+         {{ [ -w /var/tmp ] && echo leak > /var/tmp/leak; }}; \
+         mkdir -p ~/locked/inner /tmp/locked && chmod 000 ~/locked /tmp/locked; \
+         python3 -c '{xattrs}'; echo started",
         loop1 = poison("background"),
         loop2 = poison("double-fork"),
         loop3 = poison("setsid"),
         loop4 = poison("nohup"),
+        xattrs = LEAK_XATTRS,
     );
     let submit = json!({"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]});
     let dirty = json!({
@@ -49,6 +57,11 @@ pub fn tasks() -> Vec<String> {
         "test ! -e ~/leak.txt",
         "test ! -e ~/.config/leak",
         "! grep -q POISON ~/.bashrc 2>/dev/null",
+        "test ! -e /dev/shm/leak",
+        "test ! -e /var/tmp/leak",
+        "test ! -e ~/locked",
+        "! ipcs -m | grep -q ^0x",
+        "python3 -c 'import os, sys; sys.exit(any(\"user.leak\" in os.listxattr(p) for p in (\"/home/user\", \"/tmp\")))'",
         // The bracket keeps pgrep from finding this very command line.
         "! pgrep -f 'alive[-]' > /dev/null",
     ];

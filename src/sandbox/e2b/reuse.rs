@@ -1,13 +1,15 @@
-//! Proven clean reuse of an E2B sandbox, done inside it by two root scripts.
+//! Proven clean reuse of an E2B sandbox, done inside it by root scripts.
 //!
 //! Task commands run as E2B's user `user` and the runner as `root`, so a task cannot touch
-//! the runner's directory (unless it uses `sudo`; see the README). `seal` copies the home and
-//! `/tmp` aside under the system directory and records every process running then. `reset`
-//! kills every process that was not running at the seal, is not the runner (or a descendant
-//! of it), and is not the reset itself; repeats until none is left (a fork loop included);
-//! then empties the home and `/tmp`, copies the sealed state back, and compares both with the
-//! sealed copy. Kernel threads and zombies are not processes to kill. Any doubt exits non-zero
-//! and the caller retires the sandbox.
+//! the runner's directory (unless it uses `sudo`; see the README). `seal` copies aside under
+//! the system directory the home, `/tmp` and every other directory `user` may write, and
+//! records every process running then. `reset` kills every process that was not running at
+//! the seal, is not the runner (or a descendant of it), and is not the reset itself; repeats
+//! until none is left (a fork loop included); then recreates each directory from its copy
+//! (modes, owners and xattrs of the directories themselves included), empties `/dev/shm` and
+//! the message queues, removes SysV IPC objects, and compares each directory with its copy.
+//! Kernel threads and zombies are not processes to kill. Any doubt exits non-zero and the
+//! caller retires the sandbox.
 
 /// Where the scripts keep the sealed state, under the system directory.
 pub(super) const SEALED: &str = "/opt/wmo-e2b/sealed";
@@ -31,18 +33,75 @@ const LIST_PROCS: &str = r#"list_procs() {
 }
 "#;
 
-/// `seal`: run as root with no arguments.
+/// The extended attributes of every entry of a tree (`list DIR`: `x PATH NAME HEX` lines, the
+/// root as `.`), or a directory given exactly another's (`sync LIVE SEALED`). Through
+/// `python3` where the sandbox has it, else `getfattr`/`setfattr`; with neither, xattrs are
+/// neither compared nor taken off a root that could not be replaced (see `restore_dir`).
+const XATTRS: &str = r#"XATTR_PY='
+import os, sys
+def dump(p, rel):
+    try:
+        names = sorted(os.listxattr(p, follow_symlinks=False))
+    except OSError:
+        return
+    for n in names:
+        print("x", rel, n, os.getxattr(p, n, follow_symlinks=False).hex())
+if sys.argv[1] == "list":
+    root = sys.argv[2]
+    dump(root, ".")
+    for d, dirs, files in os.walk(root):
+        for f in dirs + files:
+            dump(os.path.join(d, f), os.path.join(".", os.path.relpath(os.path.join(d, f), root)))
+else:
+    live, sealed = sys.argv[2], sys.argv[3]
+    want = {n: os.getxattr(sealed, n) for n in os.listxattr(sealed)}
+    for n in os.listxattr(live):
+        if n not in want:
+            os.removexattr(live, n)
+    for n, v in want.items():
+        os.setxattr(live, n, v)
+'
+xattrs() {
+  if command -v python3 > /dev/null; then python3 -c "$XATTR_PY" "$@"
+  elif command -v getfattr > /dev/null && command -v setfattr > /dev/null; then
+    if [ "$1" = list ]; then
+      (cd "$2" && getfattr -R -P -d -m - -e hex . 2>/dev/null) \
+        | awk '/^# file: /{f=substr($0,9); next} NF{i=index($0,"="); print "x", f, substr($0,1,i-1), substr($0,i+1)}'
+    else
+      getfattr -h -m - "$2" 2>/dev/null | grep -v '^#' | while read -r n; do
+        [ -n "$n" ] && setfattr -h -x "$n" "$2"
+      done
+      getfattr -h -d -m - -e hex "$3" 2>/dev/null | sed "s|^# file: .*|# file: $2|" | setfattr -h --restore=-
+    fi
+  fi
+}
+"#;
+
+/// `seal`: run as root with no arguments. Copies aside (`cp -a`: modes, owners, xattrs) the
+/// home, `/tmp` and every other directory `user` may write, found now: world-writable ones
+/// and ones `user` owns, outside `/proc`, `/sys` and `/dev`, on the root filesystem only,
+/// the outermost of nested ones. `/dev/shm` and SysV IPC are not kept: the reset empties them,
+/// as a boot would.
 pub(super) fn seal_script() -> String {
     format!(
         r#"set -eu
 {LIST_PROCS}
 S={SEALED}
 rm -rf "$S"
-mkdir -p "$S/home" "$S/tmp"
+mkdir -p "$S/d"
 chmod 700 /opt/wmo-e2b "$S"
-cp -a /home/user/. "$S/home/"
-# tar leaves sockets out, which cannot be copied back anyway.
-tar -C /tmp -cf - . 2>/dev/null | tar -C "$S/tmp" -xf -
+uid=$(id -u user 2>/dev/null || echo 1000)
+{{
+  echo /home/user; echo /tmp
+  find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /home/user -o -path /tmp \
+    -o -path /opt/wmo-e2b \) -prune -o -type d \( -perm -0002 -o -user "$uid" \) -print 2>/dev/null \
+    | LC_ALL=C sort | awk '{{ for (k in kept) if (index($0, k "/") == 1) next; kept[$0]; print }}'
+}} > "$S/dirs"
+# One path a line, read back by `read`: a name with blanks in it cannot be recorded.
+! grep -q '[[:space:]]' "$S/dirs" || {{ echo "a directory writable by user has a blank in its name"; exit 3; }}
+[ "$(wc -l < "$S/dirs")" -le 66 ] || {{ echo "more than 64 directories writable by user"; exit 3; }}
+n=0
+while read -r dir; do cp -a "$dir" "$S/d/$n"; n=$((n + 1)); done < "$S/dirs"
 list_procs | while read -r pid ppid start; do echo "$pid $start"; done > "$S/procs"
 "#
     )
@@ -98,6 +157,7 @@ pub(super) fn reset_script() -> String {
     format!(
         r#"set -u
 {LIST_PROCS}
+{XATTRS}
 S={SEALED}
 [ -f "$S/procs" ] || {{ echo "the sandbox was never sealed"; exit 3; }}
 declare -A sealed runner
@@ -124,21 +184,74 @@ while :; do
   kill -KILL "${{victims[@]}}" 2>/dev/null
   sleep 0.02
 done
-{KILL_LOOP_END}{CLEAR_VERIFIER}shopt -s dotglob nullglob
-rm -rf /home/user/* /tmp/* || {{ echo "cannot empty the home or /tmp"; exit 3; }}
-cp -a "$S/home/." /home/user/ && cp -a "$S/tmp/." /tmp/ && chmod 1777 /tmp || {{ echo "cannot restore the sealed state"; exit 3; }}
+{KILL_LOOP_END}{CLEAR_VERIFIER}{SHARED_MEMORY}
+# Removes a tree, opening up first any directory a task made unreadable to its owner (root
+# needs no such help; the emulator's root is the sandbox's user).
+remove() {{ rm -rf "$@" 2>/dev/null || {{ chmod -R u+rwx "$@" 2>/dev/null; rm -rf "$@"; }}; }}
+# Recreates a directory from its sealed copy, its own mode, owner and xattrs with it. One
+# that cannot be replaced (a mount point, or its parent not ours to write) is emptied
+# instead and given back the sealed mode, owner and xattrs.
+restore_dir() {{
+  remove "$1" 2> /dev/null
+  [ -e "$1" ] || {{ cp -a "$2" "$1"; return; }}
+  [ -d "$1" ] && [ ! -L "$1" ] && remove "$1"/* && cp -a "$2/." "$1/" || return 1
+  chown --reference="$2" "$1" 2>/dev/null; chmod --reference="$2" "$1" && xattrs sync "$1" "$2"
+}}
+shopt -s dotglob nullglob
+n=0
+while read -r dir; do
+  restore_dir "$dir" "$S/d/$n" || {{ echo "cannot restore $dir"; exit 3; }}
+  n=$((n + 1))
+done < "$S/dirs"
 # A directory's own size only grows as entries come and go, so it is left out.
-listing() {{ cd "$1" && {{ find . -mindepth 1 -type d -printf '%y %m %u %p\n'; find . -mindepth 1 ! -type d -printf '%y %m %u %s %l %p\n'; }} | LC_ALL=C sort; }}
-for d in home:/home/user tmp:/tmp; do
-  if ! diff <(listing "$S/${{d%%:*}}") <(listing "${{d#*:}}") > /dev/null; then
-    echo "${{d#*:}} differs from the sealed copy after the reset:"
-    diff <(listing "$S/${{d%%:*}}") <(listing "${{d#*:}}") | head -5
+listing() {{ cd "$1" && {{ find . -type d -printf '%y %m %u %g %p\n'; find . ! -type d -printf '%y %m %u %g %s %l %p\n'; xattrs list .; }} | LC_ALL=C sort; }}
+n=0
+while read -r dir; do
+  if ! diff <(listing "$S/d/$n") <(listing "$dir") > /dev/null; then
+    echo "$dir differs from the sealed copy after the reset:"
+    diff <(listing "$S/d/$n") <(listing "$dir") | head -5
     exit 3
   fi
-done
+  n=$((n + 1))
+done < "$S/dirs"
 "#
     )
 }
+
+/// Empties `/dev/shm` and the POSIX message queues and removes every SysV IPC object, then
+/// proves them gone (as far as the caller sees them).
+const SHARED_MEMORY: &str = r#"shopt -s dotglob nullglob
+rm -rf /dev/shm/* /dev/mqueue/* 2>/dev/null || { chmod -R u+rwx /dev/shm/* 2>/dev/null; rm -rf /dev/shm/*; }
+command -v ipcrm > /dev/null && ipcrm --all 2>/dev/null
+[ -z "$(ls -A /dev/shm 2>/dev/null)" ] || { echo "/dev/shm cannot be emptied"; exit 3; }
+if command -v ipcs > /dev/null && ipcs -m -q -s 2>/dev/null | grep -q '^0x'; then
+  echo "SysV IPC objects remain"; exit 3
+fi
+shopt -u dotglob nullglob
+"#;
+
+/// `reset`'s second part, run as `user` after the first: on E2B the root script has emptied
+/// `/dev/shm` and the IPC objects already and this finds nothing; the emulator's root runs in
+/// its own namespaces, where the task's `/dev/shm` and IPC objects are not seen.
+/// It also clears the user's persistent keyrings (`@u`, `@us`), which outlive every process
+/// of the uid: a key one task added would be found by the next (locally the system call
+/// filter keeps tasks from keyrings altogether).
+pub(super) fn reset_user_script() -> String {
+    format!("set -u\n{SHARED_MEMORY}{CLEAR_KEYRINGS}")
+}
+
+/// `keyctl(KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING)`, and the user session keyring's, through
+/// `python3` (`keyctl` the program is rarely installed); an error (no keyring, a filter) is
+/// nothing to clear.
+const CLEAR_KEYRINGS: &str = r#"command -v python3 > /dev/null && python3 -c '
+import ctypes, platform
+nr = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
+if nr:
+    for ring in (-4, -5):
+        ctypes.CDLL(None).syscall(nr, 7, ring)
+'
+exit 0
+"#;
 
 #[cfg(test)]
 mod tests {
@@ -147,7 +260,12 @@ mod tests {
     /// The scripts are bash; a syntax error would only show on a real sandbox.
     #[test]
     fn scripts_parse_as_bash() {
-        for script in [seal_script(), reset_script(), stop_script()] {
+        for script in [
+            seal_script(),
+            reset_script(),
+            reset_user_script(),
+            stop_script(),
+        ] {
             let out = std::process::Command::new("bash")
                 .args(["-n", "-c", &script])
                 .output()

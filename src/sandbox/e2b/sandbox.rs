@@ -186,6 +186,10 @@ impl E2bSandbox {
 
     /// Runs one of the reuse scripts as root; anything but exit 0 means not provably clean.
     fn reuse_script(&self, what: &str, script: &str, args: &[String]) -> Result<()> {
+        self.reuse_script_as(Role::System, what, script, args)
+    }
+
+    fn reuse_script_as(&self, role: Role, what: &str, script: &str, args: &[String]) -> Result<()> {
         let mut cmd = format!("bash -c {} reuse", crate::sandbox::shell_quote(script));
         for a in args {
             cmd.push(' ');
@@ -195,7 +199,7 @@ impl E2bSandbox {
             &cmd,
             &RunOpts {
                 cwd: Some("/".into()),
-                role: Role::System,
+                role,
                 timeout: REUSE_TIMEOUT,
                 max_output: 4096,
                 ..RunOpts::default()
@@ -249,7 +253,13 @@ impl Sandbox for E2bSandbox {
 
     fn reset(&self) -> Result<()> {
         let pids: Vec<String> = lock(&self.system_pids).iter().map(u32::to_string).collect();
-        self.reuse_script("resetting", &reuse::reset_script(), &pids)
+        self.reuse_script("resetting", &reuse::reset_script(), &pids)?;
+        self.reuse_script_as(
+            Role::Task,
+            "resetting the task user's shared memory",
+            &reuse::reset_user_script(),
+            &[],
+        )
     }
 
     fn stop_agent(&self, runner_too: bool) -> Result<()> {

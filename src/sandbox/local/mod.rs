@@ -34,6 +34,7 @@
 //! ```text
 //! spawn         starting a child without copying this process's descriptor table
 //! sys           process syscalls, /proc reads, probes
+//! seccomp       the system call filter of every command started in a sandbox
 //! confined      host file operations that never leave a sandbox directory
 //! isolation     bwrap: found, probed, its command lines
 //! meta          on-disk records: meta.json, procs/<pid>, ids
@@ -69,6 +70,7 @@ mod proc_table;
 mod process;
 mod reset;
 mod sandbox;
+mod seccomp;
 mod snapshot;
 mod spawn;
 mod state;

@@ -12,9 +12,7 @@
 //! and the host's `/tmp` is shared, so `reset` refuses under `--isolation none` and the caller
 //! retires the sandbox instead.
 
-use std::fs;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -25,16 +23,15 @@ use super::snapshot::{
     copy_tree, empty_dir, first_difference, manifest, remove_tree, Entry, Sealed, SealedTree,
 };
 use super::state::{Mode, SandboxState};
-use super::sys;
 use super::teardown;
 use crate::sandbox::{Result, Role, SandboxError};
 use crate::sync::lock;
 
-/// The sandbox's own directories that a reset restores, with the mode each must have.
-fn restored(state: &SandboxState) -> [(PathBuf, &'static str, u32); 2] {
+/// The sandbox's own directories that a reset restores.
+fn restored(state: &SandboxState) -> [(PathBuf, &'static str); 2] {
     [
-        (state.dir.join(ROOT_DIR), "home", 0o755),
-        (state.dir.join(TMP_DIR), "tmp", 0o1777),
+        (state.dir.join(ROOT_DIR), "home"),
+        (state.dir.join(TMP_DIR), "tmp"),
     ]
 }
 
@@ -52,10 +49,11 @@ pub(super) fn seal(state: &SandboxState) -> Result<()> {
     remove_tree(&base).map_err(|e| unclean(format!("cannot clear the sealed copy: {e}")))?;
     meta::private_dir(&base).map_err(|e| unclean(format!("cannot keep a sealed copy: {e}")))?;
     let mut trees = Vec::new();
-    for (live, name, _) in restored(state) {
+    let keep_owner = state.file_owner().is_some();
+    for (live, name) in restored(state) {
         let copy = base.join(name);
         let mut count = 0;
-        copy_tree(&live, &copy, None, &mut count)
+        copy_tree(&live, &copy, keep_owner, &mut count)
             .map_err(|e| unclean(format!("cannot copy the {name} directory aside: {e}")))?;
         let listing = manifest(&copy).map_err(|e| unclean(format!("cannot list {name}: {e}")))?;
         trees.push(SealedTree {
@@ -100,24 +98,25 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
             "cannot empty /tests and the verifier's directory: {e}"
         ))
     })?;
-    let owner = state.file_owner();
+    let keep_owner = state.file_owner().is_some();
     for (
         SealedTree {
             live,
             copy,
             listing,
         },
-        (_, name, mode),
+        (_, name),
     ) in sealed.trees.iter().zip(restored(state))
     {
+        // The roots are emptied and given back their sealed mode, owner and extended
+        // attributes, not replaced: they are bind-mounted into live namespaces (the runner's
+        // keeps its binds across tasks), and a new directory would be invisible there. The
+        // listing compared below covers the roots' own metadata, so this is proven as a
+        // recreation would be.
         let restore = || -> io::Result<Vec<Entry>> {
             empty_dir(live)?;
             let mut count = 0;
-            copy_tree(copy, live, owner, &mut count)?;
-            fs::set_permissions(live, fs::Permissions::from_mode(mode))?;
-            if let Some(uid) = owner {
-                sys::chown(live, uid)?;
-            }
+            copy_tree(copy, live, keep_owner, &mut count)?;
             manifest(live)
         };
         match restore() {

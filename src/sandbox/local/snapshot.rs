@@ -1,13 +1,17 @@
 //! Copies of directory trees and listings of what they hold, as `reset` keeps and compares
 //! them: a copy takes directories, regular files and symlinks (as symlinks) with their modes,
-//! and never follows a symlink.
+//! owners (where we may set them) and extended attributes, the tree's root included, and
+//! never follows a symlink. A listing holds the same, so a task that leaves an xattr, an ACL
+//! or another mode on the home or `/tmp` itself is seen.
 
+use std::ffi::CString;
 use std::fs;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::sys;
+use sha2::{Digest, Sha256};
 
 /// Files a sealed copy may hold at most; a home bigger than this is not worth copying back.
 const MAX_SEALED_ENTRIES: usize = 10_000;
@@ -28,11 +32,17 @@ pub(super) struct SealedTree {
 /// One entry of a directory tree, as a reset compares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Entry {
+    /// Relative to the tree's root; the root itself is `.`.
     path: String,
     kind: Kind,
     mode: u32,
+    uid: u32,
+    gid: u32,
     size: u64,
     link: Option<PathBuf>,
+    /// A digest of every extended attribute's name and value (ACLs included), `None` when
+    /// there are none: the listing's size stays bounded whatever a task stores in them.
+    xattrs: Option<[u8; 32]>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,17 +92,26 @@ fn open_up(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Copies a tree: directories, regular files and symlinks (as symlinks), with their modes;
-/// anything else is left out. `owner` receives what is made.
+/// Copies a tree: directories, regular files and symlinks (as symlinks), with their modes and
+/// extended attributes; anything else is left out. `to`, made if missing, takes the root's
+/// own mode and attributes (any it had that `from` lacks are removed). With `keep_owner`
+/// (we are root) every entry, the root too, keeps its owner and group.
 pub(super) fn copy_tree(
     from: &Path,
     to: &Path,
-    owner: Option<u32>,
+    keep_owner: bool,
     count: &mut usize,
 ) -> io::Result<()> {
     if !to.exists() {
         fs::create_dir(to)?;
     }
+    // Before the children are made: a default ACL left on the root would shape them.
+    sync_xattrs(from, to)?;
+    copy_children(from, to, keep_owner, count)?;
+    copy_metadata(&fs::symlink_metadata(from)?, from, to, keep_owner)
+}
+
+fn copy_children(from: &Path, to: &Path, keep_owner: bool, count: &mut usize) -> io::Result<()> {
     for entry in fs::read_dir(from)? {
         let entry = entry?;
         *count += 1;
@@ -108,23 +127,33 @@ pub(super) fn copy_tree(
             std::os::unix::fs::symlink(fs::read_link(&src)?, &dst)?;
         } else if ft.is_dir() {
             fs::create_dir(&dst)?;
-            copy_tree(&src, &dst, owner, count)?;
-            fs::set_permissions(&dst, fs::Permissions::from_mode(m.mode() & 0o7777))?;
+            sync_xattrs(&src, &dst)?;
+            copy_children(&src, &dst, keep_owner, count)?;
         } else if ft.is_file() {
             fs::copy(&src, &dst)?;
         } else {
             continue;
         }
-        if let Some(uid) = owner {
-            sys::chown(&dst, uid)?;
-        }
+        copy_metadata(&m, &src, &dst, keep_owner)?;
     }
     Ok(())
 }
 
+/// Gives `dst` the owner, mode and extended attributes `src` has (`m`), in that order: a
+/// change of owner clears set-id bits and file capabilities, so they come after it.
+fn copy_metadata(m: &fs::Metadata, src: &Path, dst: &Path, keep_owner: bool) -> io::Result<()> {
+    if keep_owner {
+        std::os::unix::fs::lchown(dst, Some(m.uid()), Some(m.gid()))?;
+    }
+    if !m.file_type().is_symlink() {
+        fs::set_permissions(dst, fs::Permissions::from_mode(m.mode() & 0o7777))?;
+    }
+    sync_xattrs(src, dst)
+}
+
 /// What a tree holds, sorted by path.
 pub(super) fn manifest(root: &Path) -> io::Result<Vec<Entry>> {
-    let mut out = Vec::new();
+    let mut out = vec![list_one(root, ".".into())?];
     walk(root, "", &mut out)?;
     out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
@@ -144,31 +173,139 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<Entry>) -> io::Result<()> {
                 "more than {MAX_SEALED_ENTRIES} entries"
             )));
         }
-        let m = fs::symlink_metadata(entry.path())?;
-        let ft = m.file_type();
-        let kind = if ft.is_symlink() {
-            Kind::Symlink
-        } else if ft.is_dir() {
-            Kind::Dir
-        } else if ft.is_file() {
-            Kind::File
-        } else {
-            Kind::Other
-        };
-        out.push(Entry {
-            path: path.clone(),
-            kind,
-            mode: m.mode() & 0o7777,
-            size: if kind == Kind::File { m.len() } else { 0 },
-            link: (kind == Kind::Symlink)
-                .then(|| fs::read_link(entry.path()))
-                .transpose()?,
-        });
-        if kind == Kind::Dir {
+        let listed = list_one(&entry.path(), path.clone())?;
+        let is_dir = listed.kind == Kind::Dir;
+        out.push(listed);
+        if is_dir {
             walk(&entry.path(), &path, out)?;
         }
     }
     Ok(())
+}
+
+fn list_one(at: &Path, path: String) -> io::Result<Entry> {
+    let m = fs::symlink_metadata(at)?;
+    let ft = m.file_type();
+    let kind = if ft.is_symlink() {
+        Kind::Symlink
+    } else if ft.is_dir() {
+        Kind::Dir
+    } else if ft.is_file() {
+        Kind::File
+    } else {
+        Kind::Other
+    };
+    let xattrs = xattrs(at)?;
+    let digest = (!xattrs.is_empty()).then(|| {
+        let mut h = Sha256::new();
+        for (name, value) in &xattrs {
+            for part in [name.as_bytes(), value] {
+                h.update((part.len() as u64).to_le_bytes());
+                h.update(part);
+            }
+        }
+        h.finalize().into()
+    });
+    Ok(Entry {
+        path,
+        kind,
+        mode: m.mode() & 0o7777,
+        uid: m.uid(),
+        gid: m.gid(),
+        size: if kind == Kind::File { m.len() } else { 0 },
+        link: (kind == Kind::Symlink)
+            .then(|| fs::read_link(at))
+            .transpose()?,
+        xattrs: digest,
+    })
+}
+
+/// Makes `dst`'s extended attributes exactly `src`'s: adds or rewrites every one `src` has
+/// and removes the others. One already as wanted is left alone: a label the system gives
+/// every new file (SELinux's) may be one we could not set ourselves.
+fn sync_xattrs(src: &Path, dst: &Path) -> io::Result<()> {
+    let want = xattrs(src)?;
+    let has = xattrs(dst)?;
+    let dst_c = c_path(dst)?;
+    for (name, _) in &has {
+        if !want.iter().any(|(n, _)| n == name) {
+            // SAFETY: NUL-terminated strings we own.
+            check(unsafe { libc::lremovexattr(dst_c.as_ptr(), name.as_ptr()) })?;
+        }
+    }
+    for (name, value) in want.iter().filter(|w| !has.contains(w)) {
+        // SAFETY: NUL-terminated strings and a buffer of the length passed, all ours.
+        check(unsafe {
+            libc::lsetxattr(
+                dst_c.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Every extended attribute of `path` (not followed), sorted by name. Bounded by the kernel:
+/// 64 KiB of names, 64 KiB a value. None where the filesystem keeps none.
+fn xattrs(path: &Path) -> io::Result<Vec<(CString, Vec<u8>)>> {
+    let c = c_path(path)?;
+    let mut out = Vec::new();
+    for name in xattr_names(&c)? {
+        // SAFETY: a size query: NUL-terminated strings we own, no buffer.
+        let len = unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+        let len = usize::try_from(len).map_err(|_| io::Error::last_os_error())?;
+        let mut value = vec![0u8; len];
+        // SAFETY: the buffer holds `len` bytes.
+        let got =
+            unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), value.as_mut_ptr().cast(), len) };
+        // Nothing of the task runs while a tree is copied or listed: a size that changed
+        // between the two calls is an error, not a race to retry.
+        value.truncate(usize::try_from(got).map_err(|_| io::Error::last_os_error())?);
+        out.push((name, value));
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn xattr_names(path: &CString) -> io::Result<Vec<CString>> {
+    let unsupported = |e: &io::Error| e.raw_os_error() == Some(libc::EOPNOTSUPP);
+    // SAFETY: a size query: a NUL-terminated path we own, no buffer.
+    let len = unsafe { libc::llistxattr(path.as_ptr(), std::ptr::null_mut(), 0) };
+    let len = match usize::try_from(len) {
+        Ok(len) => len,
+        Err(_) => {
+            let e = io::Error::last_os_error();
+            return if unsupported(&e) {
+                Ok(Vec::new())
+            } else {
+                Err(e)
+            };
+        }
+    };
+    let mut list = vec![0u8; len];
+    // SAFETY: the buffer holds `len` bytes.
+    let got = unsafe { libc::llistxattr(path.as_ptr(), list.as_mut_ptr().cast(), len) };
+    list.truncate(usize::try_from(got).map_err(|_| io::Error::last_os_error())?);
+    Ok(list
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+        .filter_map(|n| CString::new(n).ok())
+        .collect())
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 pub(super) fn first_difference(want: &[Entry], got: &[Entry]) -> String {

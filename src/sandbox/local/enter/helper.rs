@@ -323,6 +323,12 @@ fn enter(
                 // that group, see `isolation::VERIFIER_UID`) may build and write where the
                 // agent worked; an agent that takes that away only fails its own verify.
                 libc::umask(0o002);
+                if crate::sandbox::local::seccomp::install().is_err() {
+                    fail(
+                        b"wmo-e2b: cannot filter the command's system calls\n",
+                        CANNOT_ENTER,
+                    );
+                }
                 libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
                 fail(b"wmo-e2b: cannot start the command\n", CANNOT_EXEC)
             }
