@@ -118,6 +118,7 @@ pub fn spec() -> CreateSpec {
         envs: Vec::new(),
         internet: true,
         on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
+        limits: Default::default(),
     }
 }
 

@@ -18,6 +18,7 @@ use wmo_e2b::report::{self, ReportMode};
 use wmo_e2b::runner::BootstrapOpts;
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
+use wmo_e2b::sandbox::limits::{self, Limits};
 use wmo_e2b::sandbox::local::LocalOptions;
 use wmo_e2b::sandbox::Backend;
 
@@ -127,6 +128,42 @@ pub struct EvalArgs {
     allow_mixed: bool,
     #[command(flatten)]
     local: LocalArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// What each task's sandbox may take of the host (local backend; E2B's template decides
+/// there). 0 leaves a resource unbounded; a task's `limits` may only lower them.
+#[derive(Debug, Args)]
+pub struct LimitArgs {
+    /// Memory of a sandbox in MiB, the tmpfs pages it writes (/dev/shm) included.
+    #[arg(long, value_name = "MIB", default_value_t = limits::DEFAULT_MEMORY_MB)]
+    limit_memory_mb: u64,
+    /// Processes (threads included) a sandbox may run at once.
+    #[arg(long, value_name = "N", default_value_t = limits::DEFAULT_PIDS)]
+    limit_pids: u64,
+    /// CPUs' worth of time a sandbox may use (e.g. 0.5, 2).
+    #[arg(long, value_name = "N", default_value_t = limits::DEFAULT_CPUS)]
+    limit_cpus: f64,
+    /// MiB a sandbox's home and /tmp may hold.
+    #[arg(long, value_name = "MIB", default_value_t = limits::DEFAULT_DISK_MB)]
+    limit_disk_mb: u64,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> Result<Limits, UsageError> {
+        let set = |v: u64| (v > 0).then_some(v);
+        let l = Limits {
+            memory_mb: set(self.limit_memory_mb),
+            pids: set(self.limit_pids),
+            cpus: (self.limit_cpus != 0.0).then_some(self.limit_cpus),
+            disk_mb: set(self.limit_disk_mb),
+        };
+        l.check().map_err(|(field, why)| {
+            UsageError(format!("--limit-{}: {why}", field.replace('_', "-")))
+        })?;
+        Ok(l)
+    }
 }
 
 pub fn run(args: EvalArgs) -> Result<Exit> {
@@ -140,6 +177,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         .into());
     }
     // Checked whole before the run's directory or any sandbox exists.
+    let sandbox_limits = args.limits.limits()?;
     let skills = super::load_skills(args.skills.as_deref())?;
     let shard = args
         .shard
@@ -201,6 +239,9 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
                 local.system_read_only.push(install.local_mount());
             }
             let backend = open_local(local)?;
+            if let Some(why) = backend.limits_unavailable() {
+                eprintln!("warning: {why}");
+            }
             let shipment = pi.as_ref().map(|i| i.local_shipment(backend.isolation()));
             (backend, shipment)
         }
@@ -218,15 +259,14 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         pi: pi_shipment,
         ..BootstrapOpts::default()
     };
-    let pool = Arc::new(Pool::new(
-        backend,
-        plan.pool_config(
-            args.template.clone(),
-            args.episode_timeout,
-            bootstrap,
-            !args.no_reuse,
-        ),
-    ));
+    let mut pool_config = plan.pool_config(
+        args.template.clone(),
+        args.episode_timeout,
+        bootstrap,
+        !args.no_reuse,
+    );
+    pool_config.spec.limits = sandbox_limits;
+    let pool = Arc::new(Pool::new(backend, pool_config));
 
     let mode = if args.json {
         ReportMode::Json
@@ -254,6 +294,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             episode_timeout: args.episode_timeout,
             bash_timeout: args.bash_timeout,
             transport_retries: args.transport_retries,
+            sandbox: sandbox_limits,
         },
         pool,
         provider,

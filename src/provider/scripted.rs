@@ -185,6 +185,7 @@ mod tests {
             metadata: Default::default(),
             model_script: script,
             world_script: None,
+            limits: None,
             line: 1,
         }
     }

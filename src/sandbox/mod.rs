@@ -9,6 +9,7 @@ pub mod e2b;
 pub mod inventory;
 pub mod leased;
 pub mod ledger;
+pub mod limits;
 pub mod local;
 pub mod sink;
 
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
+pub use limits::{LimitHit, Limits};
 pub use sink::{Delivery, EventSink, OutputSink};
 
 /// Metadata attached to a sandbox at create time and used as a list filter.
@@ -291,6 +293,16 @@ pub trait Sandbox: Send + Sync {
     /// Moves the deadline to `secs` from now.
     fn set_timeout(&self, secs: u64) -> Result<()>;
     fn set_internet(&self, allowed: bool) -> Result<()>;
+    /// Puts `limits` in force for the task about to run, and counts what it runs into from
+    /// now. A backend without limits of its own (E2B, whose template's resources are the
+    /// limits) ignores them.
+    fn apply_limits(&self, _limits: &Limits) -> Result<()> {
+        Ok(())
+    }
+    /// The limit the sandbox ran into since [`Sandbox::apply_limits`], if any.
+    fn limit_reached(&self) -> Option<LimitHit> {
+        None
+    }
 }
 
 /// How a sandbox is paused.
@@ -322,6 +334,8 @@ pub struct CreateSpec {
     pub envs: Vec<(String, String)>,
     pub internet: bool,
     pub on_timeout: OnTimeout,
+    /// What the sandbox may take of its host (the local backend; E2B ignores them).
+    pub limits: Limits,
 }
 
 /// Whether a sandbox runs or is paused.

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
+use super::cgroup::{self, Cgroup};
 use super::isolation::{self, Isolation, IsolationChoice};
 use super::meta::{self, Meta, MetaError, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
 use super::ns::{Space, NS_DIR};
@@ -135,6 +136,12 @@ impl LocalBackend {
         self.shared.fallback_reason.as_deref()
     }
 
+    /// Why sandboxes get no memory, process or CPU limits here, if they do not: for a
+    /// warning to the user.
+    pub fn limits_unavailable(&self) -> Option<&'static str> {
+        cgroup::unavailable()
+    }
+
     /// Kills (or pauses, as they were created to) the sandboxes past their deadline, whoever
     /// created them; returns how many were killed.
     pub fn sweep_expired(&self) -> usize {
@@ -200,6 +207,16 @@ impl LocalBackend {
                 }
             }
             meta::write_meta(&staging, &m)?;
+            // Made while the sandbox is still `.new-`, which a sweep leaves alone, and
+            // limited before its first process joins them.
+            if spec.limits.any() {
+                if let Some(cgroup) = Cgroup::create(&staging, &id)? {
+                    if let Err(e) = cgroup.apply(&spec.limits) {
+                        let _ = cgroup.remove();
+                        return Err(e);
+                    }
+                }
+            }
             fs::rename(&staging, self.shared.sandboxes.join(&id))
         })();
         if let Err(e) = built {
@@ -459,6 +476,10 @@ impl Shared {
                 }
             }
         }
+        let sandboxes = &self.sandboxes;
+        cgroup::sweep_leftovers(sandboxes, |id| {
+            sandboxes.join(id).exists() || sandboxes.join(format!("{STAGING_PREFIX}{id}")).exists()
+        });
         swept
     }
 }

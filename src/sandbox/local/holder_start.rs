@@ -13,6 +13,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::cgroup::Cgroup;
 use super::enter::Request;
 use super::isolation::{Binds, Bwrap};
 use super::meta::META_FILE;
@@ -105,6 +106,10 @@ pub(super) fn start(
         None => Request::Plain { argv: &args },
     };
     let mut cmd = request.command(&[("PATH", &bwrap.path_env)]);
+    // The holder and everything in its namespace count against the sandbox's limits.
+    if let Some(cgroup) = Cgroup::of(sandbox_dir) {
+        cmd.join_cgroups(cgroup.procs_files()?);
+    }
     cmd.stdin(Io::Piped).stdout(Io::Piped).stderr(Io::Piped);
     let mut child = cmd.spawn()?;
     if let Some(mut stdin) = child.stdin.take() {

@@ -18,6 +18,7 @@
 //! <id>/tmp/          its /tmp (bwrap)
 //! <id>/system/       its system_dir()
 //! <id>/sealed/       the copy of home and /tmp that `reset` restores (see `reset`)
+//! <id>/cgroups       where its cgroups are, if it has limits (see `cgroup`)
 //! .dead-<id>-<rand>  a sandbox being killed (see `teardown`)
 //! .new-<id>          a sandbox being created
 //! ```
@@ -36,6 +37,7 @@
 //! sys           process syscalls, /proc reads, probes
 //! confined      host file operations that never leave a sandbox directory
 //! isolation     bwrap: found, probed, its command lines
+//! cgroup        a sandbox's control groups: made, limited, counted, removed
 //! meta          on-disk records: meta.json, procs/<pid>, ids
 //! ns            namespace holders: their records, and killing them
 //! enter         starting a process in a holder's namespaces through a helper
@@ -46,6 +48,7 @@
 //! snapshot      copies and listings of directory trees
 //! teardown      killing a sandbox
 //! freeze        stopping and continuing every process of a sandbox's namespaces
+//! limit_watch   the limits of a sandbox's current task, and which it ran into
 //! state         what every handle on one sandbox shares
 //! pause         pausing and resuming a sandbox
 //! process       starting processes and carrying their output
@@ -55,11 +58,13 @@
 //! ```
 
 mod backend;
+mod cgroup;
 pub mod confined;
 mod enter;
 mod freeze;
 mod holder_start;
 pub mod isolation;
+mod limit_watch;
 mod meta;
 mod ns;
 mod outlet;

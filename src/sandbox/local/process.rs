@@ -126,6 +126,13 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
             c
         }
     };
+    // Counted against the sandbox's limits before it runs anything.
+    if let Some(cgroup) = state.limits.cgroup(&state.dir) {
+        let procs = cgroup
+            .procs_files()
+            .map_err(|e| state.io_error("joining the sandbox's cgroups", e))?;
+        c.join_cgroups(procs);
+    }
     // Its own process group, which a kill of this command reaches entirely.
     c.new_process_group()
         .stdin(if l.stdin { Io::Piped } else { Io::Null })

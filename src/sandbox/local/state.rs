@@ -16,6 +16,7 @@ use super::holder_start;
 use super::isolation::{
     self, Binds, Bwrap, Isolation, BWRAP_HOME, BWRAP_SYSTEM, BWRAP_TMP, SANDBOX_UID,
 };
+use super::limit_watch::LimitState;
 use super::meta::{self, DirLock, Meta, MetaError, META_FILE, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
 use super::ns::{self, Holder, Space};
 use super::proc_table::{ProcEntry, ProcTable};
@@ -85,6 +86,8 @@ pub(super) struct SandboxState {
     /// What `reset` returns to, once sealed.
     pub sealed: Mutex<Option<Sealed>>,
     pub procs: ProcTable,
+    /// Its cgroups and the limits of its current task.
+    pub limits: LimitState,
 }
 
 impl SandboxState {
@@ -149,6 +152,7 @@ impl SandboxState {
             entered: Mutex::new(None),
             sealed: Mutex::new(None),
             procs: Mutex::default(),
+            limits: LimitState::default(),
         })
     }
 
