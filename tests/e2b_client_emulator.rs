@@ -28,6 +28,7 @@ fn spec(run: &str) -> CreateSpec {
         internet: true,
         on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
         limits: Default::default(),
+        network: Default::default(),
     }
 }
 

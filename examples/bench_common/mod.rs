@@ -119,6 +119,7 @@ pub fn spec() -> CreateSpec {
         internet: true,
         on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
         limits: Default::default(),
+        network: Default::default(),
     }
 }
 

@@ -194,6 +194,7 @@ impl EvalPlan {
                 internet: true,
                 on_timeout: OnTimeout::Kill,
                 limits: crate::sandbox::Limits::default(),
+                network: Default::default(),
             },
             lease: pool::lease_for(max_episode),
             lifetime: pool::lifetime_for(max_episode),

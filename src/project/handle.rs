@@ -526,6 +526,7 @@ fn create_sandbox(
         internet: true,
         on_timeout: on_idle.on_timeout(),
         limits: crate::sandbox::Limits::default(),
+        network: Default::default(),
     });
     if matches!(created, Err(SandboxError::CreateUnconfirmed { .. })) {
         // The create may have made a sandbox no one will use: find it by its lease tag and

@@ -325,6 +325,31 @@ pub enum OnTimeout {
     Pause(PauseKind),
 }
 
+/// How a sandbox with `internet` reaches the network (`--network`), narrowest first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// Loopback only: every command in a network namespace of its own (what `internet:
+    /// false` always gives).
+    None,
+    /// A network namespace of the sandbox's own with outbound access through a user-mode
+    /// network stack: never the host's loopback, its abstract sockets or another sandbox.
+    Internet,
+    /// The host's network itself, shared: no boundary.
+    #[default]
+    Host,
+}
+
+impl Network {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::None => "none",
+            Network::Internet => "internet",
+            Network::Host => "host",
+        }
+    }
+}
+
 /// What a new sandbox should be.
 #[derive(Debug, Clone, Default)]
 pub struct CreateSpec {
@@ -336,6 +361,9 @@ pub struct CreateSpec {
     pub on_timeout: OnTimeout,
     /// What the sandbox may take of its host (the local backend; E2B ignores them).
     pub limits: Limits,
+    /// How it reaches the network when `internet` allows it at all (the local backend; on
+    /// E2B `internet` alone decides).
+    pub network: Network,
 }
 
 /// Whether a sandbox runs or is paused.

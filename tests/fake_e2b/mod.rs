@@ -332,6 +332,7 @@ pub fn spec() -> CreateSpec {
         internet: false,
         on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
         limits: Default::default(),
+        network: Default::default(),
     }
 }
 

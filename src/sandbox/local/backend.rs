@@ -16,6 +16,7 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use super::cgroup::{self, Cgroup};
 use super::isolation::{self, Isolation, IsolationChoice};
 use super::meta::{self, Meta, MetaError, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
+use super::netns;
 use super::ns::{Space, NS_DIR};
 use super::pause::{self, Resume, Resumed};
 use super::sandbox::LocalSandbox;
@@ -23,8 +24,8 @@ use super::state::{HostConfig, Mode, SandboxState};
 use super::sys;
 use super::teardown::{self, STAGING_PREFIX, TOMB_PREFIX};
 use crate::sandbox::{
-    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, OnTimeout, PauseKind, Paused,
-    Result, RunState, Sandbox, SandboxError, SandboxSummary,
+    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, Network, OnTimeout, PauseKind,
+    Paused, Result, RunState, Sandbox, SandboxError, SandboxSummary,
 };
 use crate::sync::lock;
 
@@ -136,6 +137,16 @@ impl LocalBackend {
         self.shared.fallback_reason.as_deref()
     }
 
+    /// Why sandboxes cannot have a network of their own (`Network::Internet`) here, if they
+    /// cannot: what is missing.
+    pub fn network_unavailable(&self) -> Option<String> {
+        let bwrap = match self.shared.isolation {
+            Isolation::Bwrap => isolation::probe().ok(),
+            Isolation::None => None,
+        };
+        netns::unavailable(bwrap)
+    }
+
     /// Why sandboxes get no memory, process or CPU limits here, if they do not: for a
     /// warning to the user.
     pub fn limits_unavailable(&self) -> Option<&'static str> {
@@ -160,6 +171,10 @@ impl LocalBackend {
                 "a sandbox that pauses its memory at its deadline needs --isolation bwrap".into(),
             ));
         }
+        let own_network = spec.internet && spec.network == Network::Internet;
+        if let Some(why) = own_network.then(|| self.network_unavailable()).flatten() {
+            return Err(SandboxError::Unsupported(why));
+        }
         let id = meta::new_id().map_err(|e| SandboxError::Io {
             id: String::new(),
             what: "choosing a sandbox id".into(),
@@ -178,6 +193,7 @@ impl LocalBackend {
             metadata: spec.metadata.clone(),
             template: spec.template.clone(),
             internet: spec.internet,
+            own_network,
             owner_pid: std::process::id(),
             envs: spec.envs.clone(),
             isolation,

@@ -41,6 +41,7 @@
 //! meta          on-disk records: meta.json, procs/<pid>, ids
 //! ns            namespace holders: their records, and killing them
 //! enter         starting a process in a holder's namespaces through a helper
+//! netns         a sandbox's own network namespace and its user-mode network stack
 //! holder_start  starting a holder
 //! outlet        a background process's output, to its current subscriber
 //! proc_table    the processes this wmo-e2b process started and has not reaped
@@ -66,6 +67,7 @@ mod holder_start;
 pub mod isolation;
 mod limit_watch;
 mod meta;
+mod netns;
 mod ns;
 mod outlet;
 mod pause;

@@ -18,6 +18,7 @@ use crossbeam_channel::Sender;
 use super::enter::Request;
 use super::isolation::Bwrap;
 use super::meta::{self, ProcRecord};
+use super::netns;
 use super::ns::Space;
 use super::outlet::Outlet;
 use super::proc_table::{ProcEntry, KILL_WAIT};
@@ -79,7 +80,7 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
             // it reaches nothing beyond itself (a server it starts there lives as long as it
             // does). Its shell by its path in the sandbox, which has no search to do.
             let env = sandbox_env(bwrap, home, state.envs.iter().chain(l.envs));
-            Request::Enter {
+            let mut c = Request::Enter {
                 holder: &holder,
                 user_namespace: bwrap.in_user_namespace(),
                 drop_to: bwrap.drops_to(),
@@ -88,7 +89,13 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
                 env: &env,
                 argv: &["/bin/bash", "-c", l.cmd],
             }
-            .command(&[])
+            .command(&[]);
+            if state.own_network {
+                let ns = netns::open(&holder)
+                    .map_err(|e| state.io_error("joining the sandbox's network", e))?;
+                c.join_netns(ns);
+            }
+            c
         }
         Mode::None => {
             let mut c = match state.internet() {

@@ -71,6 +71,8 @@ pub(super) struct Spawn {
     /// `cgroup`): what it starts then counts against the sandbox's limits from its first
     /// instruction.
     cgroups: Vec<OwnedFd>,
+    /// A network namespace the child joins before its exec (a sandbox's own, see `netns`).
+    netns: Option<OwnedFd>,
 }
 
 /// A started child: std's pipe types, so callers read and write it as they would std's.
@@ -96,7 +98,14 @@ impl Spawn {
             stdio: [Io::Null; 3],
             new_group: false,
             cgroups: Vec::new(),
+            netns: None,
         }
+    }
+
+    /// The child joins the network namespace open as `ns` before its exec.
+    pub fn join_netns(&mut self, ns: OwnedFd) -> &mut Spawn {
+        self.netns = Some(ns);
+        self
     }
 
     /// The child joins each cgroup whose `cgroup.procs` is open here, before its exec; at
@@ -243,6 +252,7 @@ impl Spawn {
             keep_below: slots.keep_below,
             new_group: self.new_group,
             cgroups,
+            netns: self.netns.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
             err: 0,
         };
         let started = placed.and_then(|()| start(&mut plan, group.stack_top));
@@ -364,6 +374,8 @@ struct Plan {
     new_group: bool,
     /// `cgroup.procs` fds in the parent's table (-1 for none), written while it is shared.
     cgroups: [RawFd; MAX_CGROUPS],
+    /// A network namespace fd in the parent's table, or -1.
+    netns: RawFd,
     /// The errno of the step that failed, for the parent to report.
     err: libc::c_int,
 }
@@ -410,6 +422,9 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         };
         // Into the sandbox's cgroups while the parent's table (holding their fds) is still
         // ours: "0" names the writer. A child that cannot join does not run unbounded.
+        if (*plan).netns >= 0 && libc::setns((*plan).netns, libc::CLONE_NEWNET) != 0 {
+            fail(plan);
+        }
         for fd in (*plan).cgroups {
             if fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
                 fail(plan);

@@ -18,6 +18,7 @@ use super::isolation::{
 };
 use super::limit_watch::LimitState;
 use super::meta::{self, DirLock, Meta, MetaError, META_FILE, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
+use super::netns;
 use super::ns::{self, Holder, Space};
 use super::proc_table::{ProcEntry, ProcTable};
 use super::snapshot::Sealed;
@@ -74,6 +75,8 @@ pub(super) struct SandboxState {
     /// given a new deadline), here or by another wmo-e2b process, and is read again.
     read_stamp: Mutex<Option<Stamp>>,
     internet: AtomicBool,
+    /// Its processes share a network namespace of its own (see `netns`).
+    pub own_network: bool,
     gone: AtomicBool,
     /// So a second concurrent kill returns only once the first has finished.
     destroy_lock: Mutex<()>,
@@ -145,6 +148,7 @@ impl SandboxState {
             paused: AtomicBool::new(meta.paused.is_some()),
             read_stamp: Mutex::new(None),
             internet: AtomicBool::new(meta.internet),
+            own_network: meta.own_network,
             gone: AtomicBool::new(false),
             destroy_lock: Mutex::new(()),
             holders: Mutex::new([None, None, None]),
@@ -219,8 +223,19 @@ impl SandboxState {
             Space::Sandbox => None,
             Space::Task | Space::Spare => Some(self.holder(Space::Sandbox)?),
         };
-        let h = holder_start::start(bwrap, &self.binds(), &self.dir, space, parent.as_ref())
-            .map_err(|e| self.io_error("starting the sandbox's namespace", e))?;
+        let h = holder_start::start(
+            bwrap,
+            &self.binds(),
+            &self.dir,
+            space,
+            parent.as_ref(),
+            self.own_network,
+        )
+        .map_err(|e| self.io_error("starting the sandbox's namespace", e))?;
+        if self.own_network && space == Space::Sandbox {
+            netns::attach(bwrap, &self.dir, &h)
+                .map_err(|e| self.io_error("giving the sandbox its network", e))?;
+        }
         lock(&self.holders)[space as usize] = Some(h);
         Ok(h)
     }
