@@ -20,7 +20,7 @@ use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
 use wmo_e2b::sandbox::limits::{self, Limits};
 use wmo_e2b::sandbox::local::LocalOptions;
-use wmo_e2b::sandbox::Backend;
+use wmo_e2b::sandbox::{Backend, Network};
 
 use super::{
     open_backend_with, open_local, BackendKind, Exit, LocalArgs, ModelApiArgs, UsageError,
@@ -130,6 +130,47 @@ pub struct EvalArgs {
     local: LocalArgs,
     #[command(flatten)]
     limits: LimitArgs,
+    /// What sandboxes reach: `none` (loopback only), `internet` (outbound through a
+    /// user-mode network stack, never the host's loopback or another sandbox), `host` (the
+    /// host's network itself: no boundary) [default: internet where slirp4netns is
+    /// installed and wmo-e2b runs as root with bwrap, else none; e2b: internet]. A task's
+    /// `network` may only narrow it.
+    #[arg(long, value_enum)]
+    network: Option<NetworkArg>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetworkArg {
+    None,
+    Internet,
+    Host,
+}
+
+impl From<NetworkArg> for Network {
+    fn from(a: NetworkArg) -> Network {
+        match a {
+            NetworkArg::None => Network::None,
+            NetworkArg::Internet => Network::Internet,
+            NetworkArg::Host => Network::Host,
+        }
+    }
+}
+
+/// The network of local sandboxes: the one asked for when this host can give it, else by
+/// default `internet` where it can and `none` (said once) where it cannot.
+fn local_network(
+    asked: Option<NetworkArg>,
+    unavailable: Option<String>,
+) -> Result<Network, UsageError> {
+    match (asked, unavailable) {
+        (Some(NetworkArg::Internet), Some(why)) => Err(UsageError(why)),
+        (Some(a), _) => Ok(a.into()),
+        (None, None) => Ok(Network::Internet),
+        (None, Some(why)) => {
+            eprintln!("note: sandboxes get no network (--network none): {why}");
+            Ok(Network::None)
+        }
+    }
 }
 
 /// What each task's sandbox may take of the host (local backend; E2B's template decides
@@ -229,7 +270,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     };
     let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &plan.run_id())
         .context("cannot open the lease ledger")?;
-    let (inner, pi_shipment): (Arc<dyn Backend>, _) = match args.backend {
+    let (inner, pi_shipment, network): (Arc<dyn Backend>, _, _) = match args.backend {
         BackendKind::Local => {
             let mut local = LocalOptions {
                 isolation: args.local.isolation.into(),
@@ -243,11 +284,14 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
                 eprintln!("warning: {why}");
             }
             let shipment = pi.as_ref().map(|i| i.local_shipment(backend.isolation()));
-            (backend, shipment)
+            let network = local_network(args.network, backend.network_unavailable())?;
+            (backend, shipment, network)
         }
+        // E2B's sandboxes are microVMs of their own: internet or not is all there is.
         BackendKind::E2b => (
             open_backend_with(args.backend, e2b_options(&args), LocalOptions::default())?,
             pi.as_ref().map(|i| i.placed_shipment()),
+            args.network.map_or(Network::Internet, Network::from),
         ),
     };
     let pi_digest = pi.as_ref().map(|i| i.bundle.digest());
@@ -266,6 +310,8 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         !args.no_reuse,
     );
     pool_config.spec.limits = sandbox_limits;
+    pool_config.spec.internet = network != Network::None;
+    pool_config.spec.network = network;
     let pool = Arc::new(Pool::new(backend, pool_config));
 
     let mode = if args.json {
@@ -295,6 +341,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             bash_timeout: args.bash_timeout,
             transport_retries: args.transport_retries,
             sandbox: sandbox_limits,
+            network,
         },
         pool,
         provider,

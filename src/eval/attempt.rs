@@ -97,7 +97,21 @@ fn run_attempt(
         }
     };
     let held = Instant::now();
+    // A task that narrows the network below the pool's runs locked (a sandbox made with a
+    // network cannot be given another), and the sandbox is unlocked for the next task.
+    let locked = task_locks_network(run, task);
+    if locked {
+        if let Err(e) = warm.sandbox.set_internet(false) {
+            let reason = format!("could not lock the sandbox's network: {}", error_chain(&e));
+            let _ = run.pool.release(warm, false);
+            return Attempt::Transport {
+                reason,
+                partial: progress,
+            };
+        }
+    }
     let (result, healthy) = episode_in(run, task, transcript, attempt, &mut warm, progress);
+    let healthy = healthy && (!locked || warm.sandbox.set_internet(true).is_ok());
     let sandbox = SandboxRecord {
         id: Some(warm.sandbox.id().to_string()),
         reused: warm.reused,
@@ -112,6 +126,13 @@ fn run_attempt(
         }
         other => other,
     }
+}
+
+/// Whether `task` asks for less network than the run's sandboxes have. Only `none` can be
+/// given to a pooled sandbox afterwards, so a task asking `internet` of a `host` run gets
+/// `none`: narrower than it asked, never wider.
+fn task_locks_network(run: &EvalRun<'_>, task: &Task) -> bool {
+    task.network.is_some_and(|n| n < run.limits.network)
 }
 
 /// Prepares the workspace, runs the episode and the verify. Returns the attempt and whether

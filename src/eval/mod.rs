@@ -52,6 +52,8 @@ pub struct EvalLimits {
     pub transport_retries: u32,
     /// What each task's sandbox may take (a task may narrow them).
     pub sandbox: crate::sandbox::Limits,
+    /// The network the pool's sandboxes were made with (a task may narrow it).
+    pub network: crate::sandbox::Network,
 }
 
 impl Default for EvalLimits {
@@ -64,6 +66,7 @@ impl Default for EvalLimits {
             bash_timeout: environment::sandbox::DEFAULT_BASH_TIMEOUT,
             transport_retries: 1,
             sandbox: crate::sandbox::Limits::defaults(),
+            network: crate::sandbox::Network::Host,
         }
     }
 }

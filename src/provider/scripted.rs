@@ -186,6 +186,7 @@ mod tests {
             model_script: script,
             world_script: None,
             limits: None,
+            network: None,
             line: 1,
         }
     }

@@ -68,6 +68,9 @@ pub struct Task {
     /// What the task's sandbox may take; each can only narrow the run's (`eval --limit-*`).
     #[serde(default)]
     pub limits: Option<crate::sandbox::Limits>,
+    /// The network the task's sandbox gets; it can only narrow the run's (`eval --network`).
+    #[serde(default)]
+    pub network: Option<crate::sandbox::Network>,
     /// Its 1-based line in the tasks file (provenance), set by the parser.
     #[serde(skip)]
     pub line: usize,
