@@ -23,7 +23,8 @@ use wmo_e2b::sandbox::local::LocalOptions;
 use wmo_e2b::sandbox::{Backend, Network};
 
 use super::{
-    open_backend_with, open_local, BackendKind, Exit, LocalArgs, ModelApiArgs, UsageError,
+    local_network, open_backend_with, open_local, BackendKind, Exit, LocalArgs, ModelApiArgs,
+    NetworkArg, UsageError,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -137,40 +138,6 @@ pub struct EvalArgs {
     /// `network` may only narrow it.
     #[arg(long, value_enum)]
     network: Option<NetworkArg>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum NetworkArg {
-    None,
-    Internet,
-    Host,
-}
-
-impl From<NetworkArg> for Network {
-    fn from(a: NetworkArg) -> Network {
-        match a {
-            NetworkArg::None => Network::None,
-            NetworkArg::Internet => Network::Internet,
-            NetworkArg::Host => Network::Host,
-        }
-    }
-}
-
-/// The network of local sandboxes: the one asked for when this host can give it, else by
-/// default `internet` where it can and `none` (said once) where it cannot.
-fn local_network(
-    asked: Option<NetworkArg>,
-    unavailable: Option<String>,
-) -> Result<Network, UsageError> {
-    match (asked, unavailable) {
-        (Some(NetworkArg::Internet), Some(why)) => Err(UsageError(why)),
-        (Some(a), _) => Ok(a.into()),
-        (None, None) => Ok(Network::Internet),
-        (None, Some(why)) => {
-            eprintln!("note: sandboxes get no network (--network none): {why}");
-            Ok(Network::None)
-        }
-    }
 }
 
 /// What each task's sandbox may take of the host (local backend; E2B's template decides

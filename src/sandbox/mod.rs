@@ -326,7 +326,18 @@ pub enum OnTimeout {
 }
 
 /// How a sandbox with `internet` reaches the network (`--network`), narrowest first.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
     /// Loopback only: every command in a network namespace of its own (what `internet:

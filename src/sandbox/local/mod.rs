@@ -85,5 +85,6 @@ mod watch;
 pub use backend::{LocalBackend, LocalOptions};
 pub use confined::Beneath;
 pub use isolation::{Isolation, IsolationChoice};
+pub use netns::unavailable_with as network_unavailable;
 pub use pause::{Resume, Resumed};
 pub use sandbox::LocalSandbox;

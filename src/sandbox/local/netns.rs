@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::cgroup::Cgroup;
-use super::isolation::Bwrap;
+use super::isolation::{self, Bwrap, Isolation, IsolationChoice};
 use super::meta::{self, ProcRecord, META_FILE};
 use super::ns::Holder;
 use super::spawn::{Io, Spawn};
@@ -56,6 +56,15 @@ pub(super) fn unavailable(bwrap: Option<&Bwrap>) -> Option<String> {
             "--network internet needs {TOOL} (Debian: apt-get install {TOOL})"
         )),
         Some(_) => None,
+    }
+}
+
+/// Why sandboxes made with `choice` cannot have a network of their own here, if they
+/// cannot: what is missing.
+pub fn unavailable_with(choice: IsolationChoice) -> Option<String> {
+    match isolation::resolve(choice) {
+        Ok(r) if r.isolation == Isolation::Bwrap => unavailable(isolation::probe().ok()),
+        _ => unavailable(None),
     }
 }
 
