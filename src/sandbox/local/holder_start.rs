@@ -19,7 +19,8 @@ use super::meta::META_FILE;
 use super::netns;
 use super::ns::{self, Holder, Space};
 use super::spawn::Io;
-use super::sys::{self, read_until};
+use super::start_report::read_until;
+use super::sys;
 
 /// How long a holder may take to report its namespace.
 const START_TIMEOUT: Duration = Duration::from_secs(10);

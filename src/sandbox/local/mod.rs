@@ -35,6 +35,7 @@
 //! ```text
 //! spawn         starting a child without copying this process's descriptor table
 //! sys           process syscalls, /proc reads, probes
+//! start_report  what a starting process reports on a pipe, read with bounds
 //! confined      host file operations that never leave a sandbox directory
 //! isolation     bwrap: found, probed, its command lines
 //! cgroup        a sandbox's control groups: made, limited, counted, removed
@@ -77,6 +78,7 @@ mod reset;
 mod sandbox;
 mod snapshot;
 mod spawn;
+mod start_report;
 mod state;
 mod sys;
 mod teardown;

@@ -27,7 +27,8 @@ use super::isolation::{self, Bwrap, Isolation, IsolationChoice};
 use super::meta::{self, ProcRecord, META_FILE};
 use super::ns::Holder;
 use super::spawn::{Io, Spawn};
-use super::sys::{self, read_until};
+use super::start_report::read_until;
+use super::sys;
 use crate::sandbox::Role;
 
 /// The user-mode network stack (Debian's `slirp4netns`).
