@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System packages wmo-e2b uses that a fresh machine may lack: bubblewrap (`bwrap`, which
-# confines local sandboxes) and chromium (the headless browser the HTML report's test opens
+# confines local sandboxes), slirp4netns (the user-mode network stack of `--network
+# internet`; without it sandboxes default to `--network none`) and chromium (the headless browser the HTML report's test opens
 # the page in). Run as root it installs them with apt-get; otherwise it says what to install
 # and carries on (local sandboxes then run unconfined, with a warning; the HTML report test
 # fails naming chromium).
@@ -8,6 +9,7 @@ set -euo pipefail
 
 missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v slirp4netns >/dev/null 2>&1 || missing+=(slirp4netns)
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing+=(chromium)
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 

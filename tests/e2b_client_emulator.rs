@@ -27,6 +27,8 @@ fn spec(run: &str) -> CreateSpec {
         envs: vec![("FROM_CREATE".into(), "yes".into())],
         internet: true,
         on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
+        limits: Default::default(),
+        network: Default::default(),
     }
 }
 

@@ -118,6 +118,8 @@ pub fn spec() -> CreateSpec {
         envs: Vec::new(),
         internet: true,
         on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
+        limits: Default::default(),
+        network: Default::default(),
     }
 }
 

@@ -20,11 +20,13 @@ use wmo_e2b::report::{self, ReportMode};
 use wmo_e2b::runner::BootstrapOpts;
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
+use wmo_e2b::sandbox::limits::{self, Limits};
 use wmo_e2b::sandbox::local::LocalOptions;
-use wmo_e2b::sandbox::Backend;
+use wmo_e2b::sandbox::{Backend, Network};
 
 use super::{
-    open_backend_with, open_local, BackendKind, Exit, LocalArgs, ModelApiArgs, UsageError,
+    local_network, open_backend_with, open_local, BackendKind, Exit, LocalArgs, ModelApiArgs,
+    NetworkArg, UsageError,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -140,6 +142,49 @@ pub struct EvalArgs {
     allow_mixed: bool,
     #[command(flatten)]
     local: LocalArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
+    /// What sandboxes reach: `none` (loopback only), `internet` (outbound through a
+    /// user-mode network stack, never the host's loopback or another sandbox), `host` (the
+    /// host's network itself: no boundary) [default: internet where slirp4netns is
+    /// installed and wmo-e2b runs as root with bwrap, else none; e2b: internet]. A task's
+    /// `network` may only narrow it.
+    #[arg(long, value_enum)]
+    network: Option<NetworkArg>,
+}
+
+/// What each task's sandbox may take of the host (local backend; E2B's template decides
+/// there). 0 leaves a resource unbounded; a task's `limits` may only lower them.
+#[derive(Debug, Args)]
+pub struct LimitArgs {
+    /// Memory of a sandbox in MiB, the tmpfs pages it writes (/dev/shm) included.
+    #[arg(long, value_name = "MIB", default_value_t = limits::DEFAULT_MEMORY_MB)]
+    limit_memory_mb: u64,
+    /// Processes (threads included) a sandbox may run at once.
+    #[arg(long, value_name = "N", default_value_t = limits::DEFAULT_PIDS)]
+    limit_pids: u64,
+    /// CPUs' worth of time a sandbox may use (e.g. 0.5, 2).
+    #[arg(long, value_name = "N", default_value_t = limits::DEFAULT_CPUS)]
+    limit_cpus: f64,
+    /// MiB a sandbox's home and /tmp may hold.
+    #[arg(long, value_name = "MIB", default_value_t = limits::DEFAULT_DISK_MB)]
+    limit_disk_mb: u64,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> Result<Limits, UsageError> {
+        let set = |v: u64| (v > 0).then_some(v);
+        let l = Limits {
+            memory_mb: set(self.limit_memory_mb),
+            pids: set(self.limit_pids),
+            cpus: (self.limit_cpus != 0.0).then_some(self.limit_cpus),
+            disk_mb: set(self.limit_disk_mb),
+        };
+        l.check().map_err(|(field, why)| {
+            UsageError(format!("--limit-{}: {why}", field.replace('_', "-")))
+        })?;
+        Ok(l)
+    }
 }
 
 pub fn run(args: EvalArgs) -> Result<Exit> {
@@ -153,6 +198,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         .into());
     }
     // Checked whole before the run's directory or any sandbox exists.
+    let sandbox_limits = args.limits.limits()?;
     let skills = super::load_skills(args.skills.as_deref())?;
     let shard = args
         .shard
@@ -204,7 +250,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     };
     let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &plan.run_id())
         .context("cannot open the lease ledger")?;
-    let (inner, pi_shipment): (Arc<dyn Backend>, _) = match args.backend {
+    let (inner, pi_shipment, network): (Arc<dyn Backend>, _, _) = match args.backend {
         BackendKind::Local => {
             let mut local = LocalOptions {
                 isolation: args.local.isolation.into(),
@@ -214,12 +260,18 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
                 local.system_read_only.push(install.local_mount());
             }
             let backend = open_local(local)?;
+            if let Some(why) = backend.limits_unavailable() {
+                eprintln!("warning: {why}");
+            }
             let shipment = pi.as_ref().map(|i| i.local_shipment(backend.isolation()));
-            (backend, shipment)
+            let network = local_network(args.network, backend.network_unavailable())?;
+            (backend, shipment, network)
         }
+        // E2B's sandboxes are microVMs of their own: internet or not is all there is.
         BackendKind::E2b => (
             open_backend_with(args.backend, e2b_options(&args), LocalOptions::default())?,
             pi.as_ref().map(|i| i.placed_shipment()),
+            args.network.map_or(Network::Internet, Network::from),
         ),
     };
     let pi_digest = pi.as_ref().map(|i| i.bundle.digest());
@@ -231,15 +283,16 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         pi: pi_shipment,
         ..BootstrapOpts::default()
     };
-    let pool = Arc::new(Pool::new(
-        backend,
-        plan.pool_config(
-            args.template.clone(),
-            args.episode_timeout,
-            bootstrap,
-            !args.no_reuse,
-        ),
-    ));
+    let mut pool_config = plan.pool_config(
+        args.template.clone(),
+        args.episode_timeout,
+        bootstrap,
+        !args.no_reuse,
+    );
+    pool_config.spec.limits = sandbox_limits;
+    pool_config.spec.internet = network != Network::None;
+    pool_config.spec.network = network;
+    let pool = Arc::new(Pool::new(backend, pool_config));
 
     let mode = if args.json {
         ReportMode::Json
@@ -267,6 +320,8 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             episode_timeout: args.episode_timeout,
             bash_timeout: args.bash_timeout,
             transport_retries: args.transport_retries,
+            sandbox: sandbox_limits,
+            network,
         },
         pool,
         provider,

@@ -66,6 +66,43 @@ impl From<IsolationArg> for wmo_e2b::sandbox::local::IsolationChoice {
     }
 }
 
+/// `--network`: what sandboxes reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetworkArg {
+    None,
+    Internet,
+    Host,
+}
+
+impl From<NetworkArg> for wmo_e2b::sandbox::Network {
+    fn from(a: NetworkArg) -> Self {
+        use wmo_e2b::sandbox::Network;
+        match a {
+            NetworkArg::None => Network::None,
+            NetworkArg::Internet => Network::Internet,
+            NetworkArg::Host => Network::Host,
+        }
+    }
+}
+
+/// The network of local sandboxes: the one asked for when this host can give it, else by
+/// default `internet` where it can and `none` (said once) where it cannot.
+pub fn local_network(
+    asked: Option<NetworkArg>,
+    unavailable: Option<String>,
+) -> Result<wmo_e2b::sandbox::Network, UsageError> {
+    use wmo_e2b::sandbox::Network;
+    match (asked, unavailable) {
+        (Some(NetworkArg::Internet), Some(why)) => Err(UsageError(why)),
+        (Some(a), _) => Ok(a.into()),
+        (None, None) => Ok(Network::Internet),
+        (None, Some(why)) => {
+            eprintln!("note: sandboxes get no network (--network none): {why}");
+            Ok(Network::None)
+        }
+    }
+}
+
 /// Opens a backend by kind, for commands that never create sandboxes.
 pub fn open_backend(
     kind: BackendKind,

@@ -11,10 +11,13 @@ use wmo_e2b::project::session::{self, TurnOptions};
 use wmo_e2b::project::{self, Notice, OnIdle, Project, ProjectError, ProjectState};
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
-use wmo_e2b::sandbox::{Backend, ErrorClass, Killed, PauseKind, Paused};
+use wmo_e2b::sandbox::{Backend, ErrorClass, Killed, Network, PauseKind, Paused};
 use wmo_e2b::tree::TreeBounds;
 
-use super::{open_backend_with, BackendKind, Exit, LocalArgs, ModelApiArgs, UsageError};
+use super::{
+    local_network, open_backend_with, BackendKind, Exit, LocalArgs, ModelApiArgs, NetworkArg,
+    UsageError,
+};
 use wmo_e2b::provider::scripted::FixedScript;
 use wmo_e2b::provider::Provider;
 use wmo_e2b::sandbox::e2b::E2bOptions;
@@ -43,6 +46,10 @@ pub enum ProjectCommand {
         /// local sandbox without bwrap).
         #[arg(long, value_enum)]
         on_idle: Option<IdleArg>,
+        /// What the sandbox reaches: `none`, `internet` or `host`, as for eval [default:
+        /// internet where it works here, else none; e2b: internet].
+        #[arg(long, value_enum)]
+        network: Option<NetworkArg>,
     },
     /// Pause the project's sandbox now (the next project command resumes it).
     Pause {
@@ -240,12 +247,14 @@ pub fn run(args: ProjectArgs) -> Result<Exit> {
             template,
             timeout,
             on_idle,
+            network,
         } => create(
             &name,
             backend,
             template,
             timeout,
             on_idle.map(OnIdle::from),
+            network,
             local,
         ),
         ProjectCommand::Pause {
@@ -313,16 +322,25 @@ fn create(
     template: Option<String>,
     timeout: Duration,
     on_idle: Option<OnIdle>,
+    network: Option<NetworkArg>,
     local: &LocalArgs,
 ) -> Result<Exit> {
+    let network = match backend {
+        BackendKind::Local => local_network(
+            network,
+            wmo_e2b::sandbox::local::network_unavailable(local.isolation.into()),
+        )?,
+        BackendKind::E2b => network.map_or(Network::Internet, Network::from),
+    };
     let make = |on_idle| {
-        Project::create(
+        Project::create_with_network(
             &state_dir(),
             name,
             leased(backend, name, local)?,
             template.clone(),
             timeout,
             on_idle,
+            network,
         )
         .map_err(anyhow::Error::from)
     };

@@ -51,6 +51,22 @@ pub enum StopReason {
     Budget,
     Error,
     Cancelled,
+    /// The sandbox killed a process for want of memory.
+    Oom,
+    /// The sandbox refused a process past its process limit.
+    Pids,
+    /// The sandbox's writable directories held more than they may.
+    Disk,
+}
+
+impl From<crate::sandbox::LimitHit> for StopReason {
+    fn from(hit: crate::sandbox::LimitHit) -> StopReason {
+        match hit {
+            crate::sandbox::LimitHit::Memory => StopReason::Oom,
+            crate::sandbox::LimitHit::Pids => StopReason::Pids,
+            crate::sandbox::LimitHit::Disk => StopReason::Disk,
+        }
+    }
 }
 
 impl StopReason {
@@ -65,6 +81,9 @@ impl StopReason {
             StopReason::Budget => "budget",
             StopReason::Error => "error",
             StopReason::Cancelled => "cancelled",
+            StopReason::Oom => "oom",
+            StopReason::Pids => "pids",
+            StopReason::Disk => "disk",
         }
     }
 

@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 
 use super::outcome::{Attempt, Progress};
 use super::results::{SandboxRecord, Status, TaskRecord};
-use super::verdict::{error_record, outcome_record};
+use super::sandbox_limits::within_limits;
+use super::verdict::{error_record, limit_record, outcome_record};
 use super::workspace::{error_text, prepare_workspace};
 use super::{verifier, EvalEvent, EvalRun};
+use crate::cancel::CancelToken;
 use crate::environment::{self, Environment, SandboxEnvironment, WorldModelEnvironment};
 use crate::episode::{
     self, Episode, EpisodeConfig, EpisodeOutcome, Opening, StopReason, Transcript,
@@ -141,7 +143,21 @@ fn run_attempt(
     };
     let warm = held.warm.insert(acquired);
     let held_since = Instant::now();
+    // A task that narrows the network below the pool's runs locked (a sandbox made with a
+    // network cannot be given another), and the sandbox is unlocked for the next task.
+    let locked = task_locks_network(run, task);
+    if locked {
+        if let Err(e) = warm.sandbox.set_internet(false) {
+            let reason = format!("could not lock the sandbox's network: {}", error_chain(&e));
+            let _ = held.release(false);
+            return Attempt::Transport {
+                reason,
+                partial: progress,
+            };
+        }
+    }
     let (result, healthy) = episode_in(run, task, transcript, attempt, warm, progress);
+    let healthy = healthy && (!locked || warm.sandbox.set_internet(true).is_ok());
     let sandbox = SandboxRecord {
         id: Some(warm.sandbox.id().to_string()),
         reused: warm.reused,
@@ -156,6 +172,13 @@ fn run_attempt(
         }
         other => other,
     }
+}
+
+/// Whether `task` asks for less network than the run's sandboxes have. Only `none` can be
+/// given to a pooled sandbox afterwards, so a task asking `internet` of a `host` run gets
+/// `none`: narrower than it asked, never wider.
+fn task_locks_network(run: &EvalRun<'_>, task: &Task) -> bool {
+    task.network.is_some_and(|n| n < run.limits.network)
 }
 
 /// Prepares the workspace, runs the episode and the verify. Returns the attempt and whether
@@ -174,6 +197,19 @@ fn episode_in(
         .timeout_s
         .map_or(run.limits.episode_timeout, Duration::from_secs_f64);
 
+    // The task's limits, in force from its setup on (a pooled sandbox had another task's).
+    let limits = run.limits.sandbox.narrowed_by(task.limits.as_ref());
+    if let Err(e) = sandbox.apply_limits(&limits) {
+        let reason = error_text(&e, sandbox.home());
+        return (
+            Attempt::Transport {
+                reason,
+                partial: progress,
+            },
+            false,
+        );
+    }
+
     // Workspace: task files, then setup (not in a simulated environment).
     if run.world_model.is_none() {
         if let Err(end) = prepare_workspace(task, &sandbox, &ws, wall, &progress, attempt) {
@@ -183,8 +219,19 @@ fn episode_in(
 
     // The episode.
     let t_episode = Instant::now();
-    let result = run_episode(run, task, transcript, warm, &ws, wall);
+    let (result, hit) = within_limits(sandbox.as_ref(), run.control.cancel_token(), |cancel| {
+        run_episode(run, task, transcript, warm, &ws, wall, cancel)
+    });
     progress.episode += t_episode.elapsed().as_secs_f64();
+    // A limit ends the task as the agent's failure, whatever became of the episode (its
+    // runner may be what the kernel killed); the sandbox is not used again.
+    if let Some(hit) = hit.filter(|_| !run.control.is_cancelled()) {
+        if let Err(e) = &result {
+            progress.counters += e.partial();
+        }
+        let r = limit_record(task, hit, result.as_ref().ok(), &progress, attempt);
+        return (Attempt::Done(Box::new(r)), false);
+    }
     let outcome = match result {
         Ok(o) => o,
         Err(e) => {
@@ -246,6 +293,7 @@ fn run_episode(
     warm: &mut Warm,
     ws: &str,
     wall: Duration,
+    cancel: &CancelToken,
 ) -> Result<EpisodeOutcome, episode::EpisodeError> {
     let tools = environment::default_tools();
     let mut config = EpisodeConfig {
@@ -286,7 +334,7 @@ fn run_episode(
         config: &config,
         provider: run.provider.as_ref(),
         environment: env.as_ref(),
-        cancel: run.control.cancel_token(),
+        cancel,
         observer: transcript,
     };
     let outcome = episode::run_episode(&mut ep, &mut warm.channel);

@@ -16,6 +16,7 @@ pub mod plan;
 pub mod provenance;
 pub mod results;
 pub mod run_lock;
+mod sandbox_limits;
 pub mod shard;
 pub mod spend;
 mod summary;
@@ -53,6 +54,10 @@ pub struct EvalLimits {
     pub episode_timeout: Duration,
     pub bash_timeout: Duration,
     pub transport_retries: u32,
+    /// What each task's sandbox may take (a task may narrow them).
+    pub sandbox: crate::sandbox::Limits,
+    /// The network the pool's sandboxes were made with (a task may narrow it).
+    pub network: crate::sandbox::Network,
 }
 
 impl Default for EvalLimits {
@@ -64,6 +69,8 @@ impl Default for EvalLimits {
             episode_timeout: Duration::from_secs(300),
             bash_timeout: environment::sandbox::DEFAULT_BASH_TIMEOUT,
             transport_retries: 1,
+            sandbox: crate::sandbox::Limits::defaults(),
+            network: crate::sandbox::Network::Host,
         }
     }
 }

@@ -193,6 +193,8 @@ impl EvalPlan {
                 envs: Vec::new(),
                 internet: true,
                 on_timeout: OnTimeout::Kill,
+                limits: crate::sandbox::Limits::default(),
+                network: Default::default(),
             },
             lease: pool::lease_for(max_episode),
             lifetime: pool::lifetime_for(max_episode),

@@ -3,6 +3,7 @@
 use super::outcome::Progress;
 use super::results::{Retries, SandboxRecord, Status, TaskRecord, Timings, VerifyRecord};
 use crate::episode::{EpisodeOutcome, StopReason};
+use crate::sandbox::LimitHit;
 use crate::task::Task;
 
 /// The record of a task that ended without a verdict: `status` is `error` (or `cancelled`)
@@ -32,6 +33,41 @@ pub(super) fn error_record(
     )
 }
 
+/// The record of an attempt whose sandbox ran into a limit: the agent's failure, unverified
+/// (the episode may have ended in an error, its runner killed for want of memory, say).
+pub(super) fn limit_record(
+    task: &Task,
+    hit: LimitHit,
+    outcome: Option<&EpisodeOutcome>,
+    p: &Progress,
+    attempts: u32,
+) -> TaskRecord {
+    let note = format!(
+        "the sandbox ran into its {} limit",
+        match hit {
+            LimitHit::Memory => "memory",
+            LimitHit::Pids => "process",
+            LimitHit::Disk => "disk",
+        }
+    );
+    let mut all = p.clone();
+    if let Some(o) = outcome {
+        all.counters += o.counters;
+    }
+    let answer = outcome.map(|o| o.answer.clone()).unwrap_or_default();
+    record(
+        task,
+        Status::Failed,
+        hit.into(),
+        answer,
+        None,
+        &all,
+        attempts,
+        0.0,
+        Some(note),
+    )
+}
+
 /// The record of an episode that ran to an outcome, verified or not.
 pub(super) fn outcome_record(
     task: &Task,
@@ -51,6 +87,8 @@ pub(super) fn outcome_record(
     };
     let status = match (stop_reason, &verify) {
         (StopReason::Cancelled, _) => Status::Cancelled,
+        // The agent's doing, whatever the workspace says.
+        (StopReason::Oom | StopReason::Pids | StopReason::Disk, _) => Status::Failed,
         _ if o.provider_failure.is_some() => Status::Error,
         (StopReason::Error, _) => Status::Error,
         (_, Some(v)) if v.exit_code == Some(0) && !v.timed_out => Status::Passed,

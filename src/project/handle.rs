@@ -13,8 +13,8 @@ use super::{
 use crate::sandbox::ledger::unix_now;
 use crate::sandbox::shell_quote;
 use crate::sandbox::{
-    contained_path, Backend, Captured, CreateSpec, ErrorClass, Killed, Metadata, PauseKind, Paused,
-    RunOpts, RunState, Sandbox, SandboxError,
+    contained_path, Backend, Captured, CreateSpec, ErrorClass, Killed, Metadata, Network,
+    PauseKind, Paused, RunOpts, RunState, Sandbox, SandboxError,
 };
 use crate::tree::TreeBounds;
 
@@ -38,6 +38,27 @@ impl Project {
         timeout: Duration,
         on_idle: OnIdle,
     ) -> Result<Project, ProjectError> {
+        Self::create_with_network(
+            state_dir,
+            name,
+            backend,
+            template,
+            timeout,
+            on_idle,
+            Network::Host,
+        )
+    }
+
+    /// [`Project::create`] whose sandbox (and every replacement of it) gets `network`.
+    pub fn create_with_network(
+        state_dir: &Path,
+        name: &str,
+        backend: Arc<dyn Backend>,
+        template: Option<String>,
+        timeout: Duration,
+        on_idle: OnIdle,
+        network: Network,
+    ) -> Result<Project, ProjectError> {
         validate_name(name)?;
         let dir = projects_dir(state_dir).join(name);
         if dir.join("project.json").exists() {
@@ -55,7 +76,13 @@ impl Project {
                 .create(dir.join("mirror"))
                 .map_err(state_err("create", &dir))?;
         }
-        let sandbox = create_sandbox(backend.as_ref(), template.as_deref(), timeout, on_idle)?;
+        let sandbox = create_sandbox(
+            backend.as_ref(),
+            template.as_deref(),
+            timeout,
+            on_idle,
+            network,
+        )?;
         let state = ProjectState {
             name: name.to_string(),
             backend: backend.name().to_string(),
@@ -66,6 +93,7 @@ impl Project {
             created: unix_now(),
             replacements: 0,
             on_idle,
+            network,
         };
         let project = Project {
             state_dir: state_dir.to_path_buf(),
@@ -123,6 +151,7 @@ impl Project {
                     state.template.as_deref(),
                     Duration::from_secs(state.timeout_secs),
                     state.on_idle,
+                    state.network,
                 )?,
             },
             state,
@@ -224,6 +253,7 @@ impl Project {
             self.state.template.as_deref(),
             Duration::from_secs(self.state.timeout_secs),
             self.state.on_idle,
+            self.state.network,
         )?;
         let old = std::mem::replace(&mut self.sandbox, fresh);
         self.adopt_replacement()?;
@@ -517,14 +547,17 @@ fn create_sandbox(
     template: Option<&str>,
     timeout: Duration,
     on_idle: OnIdle,
+    network: Network,
 ) -> Result<Arc<dyn Sandbox>, ProjectError> {
     let created = backend.create(&CreateSpec {
         template: template.map(str::to_string),
         timeout_secs: timeout.as_secs(),
         metadata: Metadata::new(),
         envs: Vec::new(),
-        internet: true,
+        internet: network != Network::None,
         on_timeout: on_idle.on_timeout(),
+        limits: crate::sandbox::Limits::default(),
+        network,
     });
     if matches!(created, Err(SandboxError::CreateUnconfirmed { .. })) {
         // The create may have made a sandbox no one will use: find it by its lease tag and

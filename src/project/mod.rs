@@ -45,6 +45,9 @@ pub struct ProjectState {
     /// recorded before pausing existed were killed.
     #[serde(default)]
     pub on_idle: OnIdle,
+    /// What its sandbox reaches; projects recorded before network modes had the host's.
+    #[serde(default)]
+    pub network: crate::sandbox::Network,
 }
 
 /// What a project's sandbox does when it has been idle for the project's timeout.

@@ -186,6 +186,8 @@ mod tests {
             metadata: Default::default(),
             model_script: script,
             world_script: None,
+            limits: None,
+            network: None,
             line: 1,
         }
     }

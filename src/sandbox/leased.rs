@@ -15,8 +15,9 @@ use super::ledger::{
     TAG_LEASE, TAG_OWNER, TAG_RUN,
 };
 use super::{
-    Backend, CreateSpec, ErrorClass, Killed, Metadata, Output, OutputSink, PauseKind, Paused,
-    Process, ProcessInfo, Result, RunOpts, Sandbox, SandboxError, SandboxSummary, SpawnOpts,
+    Backend, CreateSpec, ErrorClass, Killed, LimitHit, Limits, Metadata, Output, OutputSink,
+    PauseKind, Paused, Process, ProcessInfo, Result, RunOpts, Sandbox, SandboxError,
+    SandboxSummary, SpawnOpts,
 };
 use crate::backoff::Backoff;
 use crate::sync::lock;
@@ -339,5 +340,11 @@ impl Sandbox for LeasedSandbox {
     }
     fn set_internet(&self, allowed: bool) -> Result<()> {
         self.inner.set_internet(allowed)
+    }
+    fn apply_limits(&self, limits: &Limits) -> Result<()> {
+        self.inner.apply_limits(limits)
+    }
+    fn limit_reached(&self) -> Option<LimitHit> {
+        self.inner.limit_reached()
     }
 }

@@ -9,6 +9,7 @@ pub mod e2b;
 pub mod inventory;
 pub mod leased;
 pub mod ledger;
+pub mod limits;
 pub mod local;
 pub mod sink;
 
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
+pub use limits::{LimitHit, Limits};
 pub use sink::{Delivery, EventSink, OutputSink};
 
 /// Metadata attached to a sandbox at create time and used as a list filter.
@@ -313,6 +315,16 @@ pub trait Sandbox: Send + Sync {
     /// Moves the deadline to `secs` from now.
     fn set_timeout(&self, secs: u64) -> Result<()>;
     fn set_internet(&self, allowed: bool) -> Result<()>;
+    /// Puts `limits` in force for the task about to run, and counts what it runs into from
+    /// now. A backend without limits of its own (E2B, whose template's resources are the
+    /// limits) ignores them.
+    fn apply_limits(&self, _limits: &Limits) -> Result<()> {
+        Ok(())
+    }
+    /// The limit the sandbox ran into since [`Sandbox::apply_limits`], if any.
+    fn limit_reached(&self) -> Option<LimitHit> {
+        None
+    }
 }
 
 /// How a sandbox is paused.
@@ -335,6 +347,42 @@ pub enum OnTimeout {
     Pause(PauseKind),
 }
 
+/// How a sandbox with `internet` reaches the network (`--network`), narrowest first.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// Loopback only: every command in a network namespace of its own (what `internet:
+    /// false` always gives).
+    None,
+    /// A network namespace of the sandbox's own with outbound access through a user-mode
+    /// network stack: never the host's loopback, its abstract sockets or another sandbox.
+    Internet,
+    /// The host's network itself, shared: no boundary.
+    #[default]
+    Host,
+}
+
+impl Network {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::None => "none",
+            Network::Internet => "internet",
+            Network::Host => "host",
+        }
+    }
+}
+
 /// What a new sandbox should be.
 #[derive(Debug, Clone, Default)]
 pub struct CreateSpec {
@@ -344,6 +392,11 @@ pub struct CreateSpec {
     pub envs: Vec<(String, String)>,
     pub internet: bool,
     pub on_timeout: OnTimeout,
+    /// What the sandbox may take of its host (the local backend; E2B ignores them).
+    pub limits: Limits,
+    /// How it reaches the network when `internet` allows it at all (the local backend; on
+    /// E2B `internet` alone decides).
+    pub network: Network,
 }
 
 /// Whether a sandbox runs or is paused.

@@ -69,6 +69,12 @@ pub struct Task {
     /// What a scripted world model answers to each tool call (`--env world-model`).
     #[serde(default)]
     pub world_script: Option<Vec<ScriptStep>>,
+    /// What the task's sandbox may take; each can only narrow the run's (`eval --limit-*`).
+    #[serde(default)]
+    pub limits: Option<crate::sandbox::Limits>,
+    /// The network the task's sandbox gets; it can only narrow the run's (`eval --network`).
+    #[serde(default)]
+    pub network: Option<crate::sandbox::Network>,
     /// Its 1-based line in the tasks file (provenance), set by the parser.
     #[serde(skip)]
     pub line: usize,
@@ -186,6 +192,11 @@ fn validate(task: &Task) -> Result<(), String> {
     }
     if task.max_turns == Some(0) {
         return Err("field `max_turns`: must be at least 1".into());
+    }
+    if let Some(limits) = &task.limits {
+        limits
+            .check()
+            .map_err(|(field, why)| format!("field `limits.{field}`: {why}"))?;
     }
     for (field, script) in [
         ("model_script", &task.model_script),

@@ -331,6 +331,8 @@ pub fn spec() -> CreateSpec {
         envs: vec![("A".into(), "1".into())],
         internet: false,
         on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
+        limits: Default::default(),
+        network: Default::default(),
     }
 }
 

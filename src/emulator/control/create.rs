@@ -305,6 +305,9 @@ fn create_sandbox(shared: &Shared, wanted: Wanted) -> Result<Arc<SandboxEntry>, 
             .lifecycle
             .pause
             .map_or(OnTimeout::Kill, OnTimeout::Pause),
+        // E2B has no such limits: a template's resources are its limits.
+        limits: crate::sandbox::Limits::default(),
+        network: Default::default(),
     };
     let created = shared.backend.create_local(&spec);
     let token = if wanted.secure {

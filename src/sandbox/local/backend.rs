@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
+use super::cgroup::{self, Cgroup};
 use super::isolation::{self, Isolation, IsolationChoice};
 use super::meta::{
     self, Meta, MetaError, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TESTS_DIR, TMP_DIR, VERIFIER_DIR,
 };
+use super::netns;
 use super::ns::{Space, NS_DIR};
 use super::pause::{self, Resume, Resumed};
 use super::sandbox::LocalSandbox;
@@ -24,8 +26,8 @@ use super::state::{HostConfig, Mode, SandboxState};
 use super::sys;
 use super::teardown::{self, STAGING_PREFIX, TOMB_PREFIX};
 use crate::sandbox::{
-    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, OnTimeout, PauseKind, Paused,
-    Result, RunState, Sandbox, SandboxError, SandboxSummary,
+    check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, Network, OnTimeout, PauseKind,
+    Paused, Result, RunState, Sandbox, SandboxError, SandboxSummary,
 };
 use crate::sync::lock;
 
@@ -137,6 +139,22 @@ impl LocalBackend {
         self.shared.fallback_reason.as_deref()
     }
 
+    /// Why sandboxes cannot have a network of their own (`Network::Internet`) here, if they
+    /// cannot: what is missing.
+    pub fn network_unavailable(&self) -> Option<String> {
+        let bwrap = match self.shared.isolation {
+            Isolation::Bwrap => isolation::probe().ok(),
+            Isolation::None => None,
+        };
+        netns::unavailable(bwrap)
+    }
+
+    /// Why sandboxes get no memory, process or CPU limits here, if they do not: for a
+    /// warning to the user.
+    pub fn limits_unavailable(&self) -> Option<&'static str> {
+        cgroup::unavailable()
+    }
+
     /// Kills (or pauses, as they were created to) the sandboxes past their deadline, whoever
     /// created them; returns how many were killed.
     pub fn sweep_expired(&self) -> usize {
@@ -154,6 +172,10 @@ impl LocalBackend {
             return Err(SandboxError::Unsupported(
                 "a sandbox that pauses its memory at its deadline needs --isolation bwrap".into(),
             ));
+        }
+        let own_network = spec.internet && spec.network == Network::Internet;
+        if let Some(why) = own_network.then(|| self.network_unavailable()).flatten() {
+            return Err(SandboxError::Unsupported(why));
         }
         let id = meta::new_id().map_err(|e| SandboxError::Io {
             id: String::new(),
@@ -173,6 +195,7 @@ impl LocalBackend {
             metadata: spec.metadata.clone(),
             template: spec.template.clone(),
             internet: spec.internet,
+            own_network,
             owner_pid: std::process::id(),
             envs: spec.envs.clone(),
             isolation,
@@ -209,6 +232,16 @@ impl LocalBackend {
             }
             fs::create_dir(staging.join(VERIFIER_DIR))?;
             meta::write_meta(&staging, &m)?;
+            // Made while the sandbox is still `.new-`, which a sweep leaves alone, and
+            // limited before its first process joins them.
+            if spec.limits.any() {
+                if let Some(cgroup) = Cgroup::create(&staging, &id)? {
+                    if let Err(e) = cgroup.apply(&spec.limits) {
+                        let _ = cgroup.remove();
+                        return Err(e);
+                    }
+                }
+            }
             fs::rename(&staging, self.shared.sandboxes.join(&id))
         })();
         if let Err(e) = built {
@@ -468,6 +501,10 @@ impl Shared {
                 }
             }
         }
+        let sandboxes = &self.sandboxes;
+        cgroup::sweep_leftovers(sandboxes, |id| {
+            sandboxes.join(id).exists() || sandboxes.join(format!("{STAGING_PREFIX}{id}")).exists()
+        });
         swept
     }
 }

@@ -8,16 +8,18 @@
 //! even when no wmo-e2b process is left to kill it.
 
 use std::ffi::OsString;
-use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::cgroup::Cgroup;
 use super::enter::Request;
 use super::isolation::{Binds, Bwrap};
 use super::meta::META_FILE;
+use super::netns;
 use super::ns::{self, Holder, Space};
 use super::spawn::Io;
+use super::start_report::read_until;
 use super::sys;
 
 /// How long a holder may take to report its namespace.
@@ -25,8 +27,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// The fds a nested holder's bwrap finds its parent's namespaces on (see `enter`).
 const JOINED_PID: &str = "10";
 const JOINED_USER: &str = "11";
-/// Bytes of bwrap's `--info-fd` report we read at most.
-const MAX_INFO: usize = 4096;
 
 /// Runs the holder (`$2...`) and watches the sandbox's `meta.json` (`$1`); when it is gone,
 /// kills the whole session: watcher, bwrap and the namespace's PID 1.
@@ -48,6 +48,7 @@ pub(super) fn start(
     sandbox_dir: &Path,
     space: Space,
     parent: Option<&Holder>,
+    own_network: bool,
 ) -> io::Result<Holder> {
     // A nested holder's bwrap joins the parent's PID namespace (and user namespace) by the
     // fds the helper hands it, and makes a PID namespace of its own inside.
@@ -59,7 +60,13 @@ pub(super) fn start(
             }
             opts.extend(["--pidns", JOINED_PID, "--unshare-pid"]);
         }
-        None => opts.extend(bwrap.holder_options()),
+        None => {
+            opts.extend(bwrap.holder_options());
+            // The sandbox's own network (see `netns`), which every other process joins.
+            if own_network {
+                opts.push("--unshare-net");
+            }
+        }
     }
     // bwrap reports the namespace (and PID 1's pid) as JSON on fd 1.
     opts.extend(["--info-fd", "1"]);
@@ -105,6 +112,13 @@ pub(super) fn start(
         None => Request::Plain { argv: &args },
     };
     let mut cmd = request.command(&[("PATH", &bwrap.path_env)]);
+    // The holder and everything in its namespace count against the sandbox's limits.
+    if let Some(cgroup) = Cgroup::of(sandbox_dir) {
+        cmd.join_cgroups(cgroup.procs_files()?);
+    }
+    if let (Some(parent), true) = (parent, own_network) {
+        cmd.join_netns(netns::open(parent)?);
+    }
     cmd.stdin(Io::Piped).stdout(Io::Piped).stderr(Io::Piped);
     let mut child = cmd.spawn()?;
     if let Some(mut stdin) = child.stdin.take() {
@@ -165,40 +179,6 @@ pub(super) fn start(
         return Err(e);
     }
     Ok(holder)
-}
-
-/// Reads `src` into `buf` until `done(buf)`, end of file or [`MAX_INFO`] bytes; false if
-/// `deadline` passed first.
-fn read_until(
-    src: &mut (impl Read + AsRawFd),
-    buf: &mut Vec<u8>,
-    deadline: Instant,
-    done: impl Fn(&[u8]) -> bool,
-) -> bool {
-    let mut chunk = [0u8; 512];
-    while buf.len() < MAX_INFO && !done(buf) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return false;
-        }
-        let mut fds = [libc::pollfd {
-            fd: src.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        match sys::poll(&mut fds, left) {
-            Ok(0) => continue,
-            Ok(_) => {}
-            Err(_) => break,
-        }
-        match src.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
-    }
-    true
 }
 
 /// What bwrap's info report says: PID 1's pid (as bwrap's own PID namespace numbers it).

@@ -48,6 +48,10 @@ pub(super) struct Meta {
     pub metadata: Metadata,
     pub template: Option<String>,
     pub internet: bool,
+    /// Its processes share a network namespace of its own (`Network::Internet`), made at
+    /// create, instead of the host's.
+    #[serde(default)]
+    pub own_network: bool,
     pub owner_pid: u32,
     /// Applied to every process; stored so a `connect` from another wmo-e2b process applies
     /// them too.
@@ -351,6 +355,7 @@ mod tests {
             metadata: [("k".to_string(), "v".to_string())].into(),
             template: None,
             internet: true,
+            own_network: true,
             owner_pid: 7,
             envs: vec![("A".into(), "b".into())],
             isolation: Isolation::Bwrap,

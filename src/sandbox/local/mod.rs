@@ -18,6 +18,7 @@
 //! <id>/tmp/          its /tmp (bwrap)
 //! <id>/system/       its system_dir()
 //! <id>/sealed/       the copy of home and /tmp that `reset` restores (see `reset`)
+//! <id>/cgroups       where its cgroups are, if it has limits (see `cgroup`)
 //! .dead-<id>-<rand>  a sandbox being killed (see `teardown`)
 //! .new-<id>          a sandbox being created
 //! ```
@@ -35,11 +36,14 @@
 //! spawn         starting a child without copying this process's descriptor table
 //! sys           process syscalls, /proc reads, probes
 //! seccomp       the system call filter of every command started in a sandbox
+//! start_report  what a starting process reports on a pipe, read with bounds
 //! confined      host file operations that never leave a sandbox directory
 //! isolation     bwrap: found, probed, its command lines
+//! cgroup        a sandbox's control groups: made, limited, counted, removed
 //! meta          on-disk records: meta.json, procs/<pid>, ids
 //! ns            namespace holders: their records, and killing them
 //! enter         starting a process in a holder's namespaces through a helper
+//! netns         a sandbox's own network namespace and its user-mode network stack
 //! holder_start  starting a holder
 //! outlet        a background process's output, to its current subscriber
 //! proc_table    the processes this wmo-e2b process started and has not reaped
@@ -47,6 +51,7 @@
 //! snapshot      copies and listings of directory trees
 //! teardown      killing a sandbox
 //! freeze        stopping and continuing every process of a sandbox's namespaces
+//! limit_watch   the limits of a sandbox's current task, and which it ran into
 //! state         what every handle on one sandbox shares
 //! pause         pausing and resuming a sandbox
 //! process       starting processes and carrying their output
@@ -57,12 +62,15 @@
 //! ```
 
 mod backend;
+mod cgroup;
 pub mod confined;
 mod enter;
 mod freeze;
 mod holder_start;
 pub mod isolation;
+mod limit_watch;
 mod meta;
+mod netns;
 mod ns;
 mod outlet;
 mod pause;
@@ -73,6 +81,7 @@ mod sandbox;
 mod seccomp;
 mod snapshot;
 mod spawn;
+mod start_report;
 mod state;
 mod stop;
 mod sys;
@@ -82,5 +91,6 @@ mod watch;
 pub use backend::{LocalBackend, LocalOptions};
 pub use confined::Beneath;
 pub use isolation::{Isolation, IsolationChoice};
+pub use netns::unavailable_with as network_unavailable;
 pub use pause::{Resume, Resumed};
 pub use sandbox::LocalSandbox;

@@ -18,6 +18,7 @@ use crossbeam_channel::Sender;
 use super::enter::Request;
 use super::isolation::{Bwrap, BWRAP_VERIFIER};
 use super::meta::{self, ProcRecord};
+use super::netns;
 use super::ns::Space;
 use super::outlet::Outlet;
 use super::proc_table::{ProcEntry, KILL_WAIT};
@@ -90,7 +91,7 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
                 ),
             };
             let argv: Vec<&str> = argv.iter().copied().chain([l.cmd]).collect();
-            Request::Enter {
+            let mut c = Request::Enter {
                 holder: &holder,
                 user_namespace: bwrap.in_user_namespace(),
                 drop_to: bwrap.drops_to(l.role),
@@ -99,7 +100,13 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
                 env: &env,
                 argv: &argv,
             }
-            .command(&[])
+            .command(&[]);
+            if state.own_network {
+                let ns = netns::open(&holder)
+                    .map_err(|e| state.io_error("joining the sandbox's network", e))?;
+                c.join_netns(ns);
+            }
+            c
         }
         // Unconfined, a verifier is a host process like any other, with the fixed
         // environment all the same.
@@ -150,6 +157,13 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
             c
         }
     };
+    // Counted against the sandbox's limits before it runs anything.
+    if let Some(cgroup) = state.limits.cgroup(&state.dir) {
+        let procs = cgroup
+            .procs_files()
+            .map_err(|e| state.io_error("joining the sandbox's cgroups", e))?;
+        c.join_cgroups(procs);
+    }
     // Its own process group, which a kill of this command reaches entirely.
     c.new_process_group()
         .stdin(if l.stdin { Io::Piped } else { Io::Null })

@@ -15,8 +15,8 @@ use super::reset;
 use super::state::{Mode, SandboxState};
 use super::sys;
 use crate::sandbox::{
-    ErrorClass, Output, OutputSink, Process, ProcessInfo, Result, Role, RunOpts, Sandbox,
-    SandboxError, SpawnOpts,
+    ErrorClass, LimitHit, Limits, Output, OutputSink, Process, ProcessInfo, Result, Role, RunOpts,
+    Sandbox, SandboxError, SpawnOpts,
 };
 use crate::sync::lock;
 
@@ -253,5 +253,17 @@ impl Sandbox for LocalSandbox {
     fn set_internet(&self, allowed: bool) -> Result<()> {
         self.state.ensure_live()?;
         self.state.set_internet(allowed)
+    }
+
+    fn apply_limits(&self, limits: &Limits) -> Result<()> {
+        self.state.ensure_live()?;
+        let s = &self.state;
+        s.limits
+            .apply(&s.dir, limits)
+            .map_err(|e| s.io_error("applying the sandbox's limits", e))
+    }
+
+    fn limit_reached(&self) -> Option<LimitHit> {
+        self.state.limits.reached(&self.state.dir)
     }
 }

@@ -44,6 +44,9 @@ const STACK_BYTES: usize = 64 * 1024;
 /// One page below the stack that faults instead of letting an overflow write past it.
 const GUARD_BYTES: usize = 4096;
 const CLOSE_RANGE_UNSHARE: libc::c_uint = 1 << 1;
+/// The cgroups a child may join: one per controller hierarchy (cgroup v1's memory, pids,
+/// cpu), or the one of v2.
+pub(super) const MAX_CGROUPS: usize = 3;
 
 /// What one of the child's fds 0, 1 and 2 becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +67,12 @@ pub(super) struct Spawn {
     cwd: Option<OsString>,
     stdio: [Io; 3],
     new_group: bool,
+    /// `cgroup.procs` files the child writes itself into before anything else (see
+    /// `cgroup`): what it starts then counts against the sandbox's limits from its first
+    /// instruction.
+    cgroups: Vec<OwnedFd>,
+    /// A network namespace the child joins before its exec (a sandbox's own, see `netns`).
+    netns: Option<OwnedFd>,
 }
 
 /// A started child: std's pipe types, so callers read and write it as they would std's.
@@ -88,7 +97,22 @@ impl Spawn {
             cwd: None,
             stdio: [Io::Null; 3],
             new_group: false,
+            cgroups: Vec::new(),
+            netns: None,
         }
+    }
+
+    /// The child joins the network namespace open as `ns` before its exec.
+    pub fn join_netns(&mut self, ns: OwnedFd) -> &mut Spawn {
+        self.netns = Some(ns);
+        self
+    }
+
+    /// The child joins each cgroup whose `cgroup.procs` is open here, before its exec; at
+    /// most [`MAX_CGROUPS`].
+    pub fn join_cgroups(&mut self, procs: Vec<OwnedFd>) -> &mut Spawn {
+        self.cgroups = procs;
+        self
     }
 
     pub fn args<I, S>(&mut self, args: I) -> &mut Spawn
@@ -187,6 +211,16 @@ impl Spawn {
         let cwd = self.cwd.as_deref().map(c_string).transpose()?;
         let argv = null_terminated(&args);
         let envp = null_terminated(&env);
+        if self.cgroups.len() > MAX_CGROUPS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a child joins at most 3 cgroups",
+            ));
+        }
+        let mut cgroups = [-1; MAX_CGROUPS];
+        for (slot, fd) in cgroups.iter_mut().zip(&self.cgroups) {
+            *slot = fd.as_raw_fd();
+        }
 
         // Our ends of the pipes, and the child's ends until they are in the slots.
         let mut ours: [Option<OwnedFd>; 3] = [None, None, None];
@@ -217,6 +251,8 @@ impl Spawn {
             stdio: group.fds,
             keep_below: slots.keep_below,
             new_group: self.new_group,
+            cgroups,
+            netns: self.netns.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
             err: 0,
         };
         let started = placed.and_then(|()| start(&mut plan, group.stack_top));
@@ -336,6 +372,10 @@ struct Plan {
     /// The child's own table holds the descriptors below this: every slot, and 0, 1 and 2.
     keep_below: libc::c_uint,
     new_group: bool,
+    /// `cgroup.procs` fds in the parent's table (-1 for none), written while it is shared.
+    cgroups: [RawFd; MAX_CGROUPS],
+    /// A network namespace fd in the parent's table, or -1.
+    netns: RawFd,
     /// The errno of the step that failed, for the parent to report.
     err: libc::c_int,
 }
@@ -380,6 +420,16 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
             std::ptr::write_volatile(std::ptr::addr_of_mut!((*plan).err), errno());
             libc::_exit(127)
         };
+        // Into the sandbox's cgroups while the parent's table (holding their fds) is still
+        // ours: "0" names the writer. A child that cannot join does not run unbounded.
+        if (*plan).netns >= 0 && libc::setns((*plan).netns, libc::CLONE_NEWNET) != 0 {
+            fail(plan);
+        }
+        for fd in (*plan).cgroups {
+            if fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                fail(plan);
+            }
+        }
         // A table of its own first: until then a descriptor change here is the parent's too.
         // (Linux 5.9; before it, the whole table is copied.)
         let own = libc::syscall(

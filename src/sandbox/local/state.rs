@@ -16,7 +16,9 @@ use super::holder_start;
 use super::isolation::{
     self, Binds, Bwrap, Isolation, BWRAP_HOME, BWRAP_SYSTEM, BWRAP_TMP, SANDBOX_UID,
 };
+use super::limit_watch::LimitState;
 use super::meta::{self, DirLock, Meta, MetaError, META_FILE, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
+use super::netns;
 use super::ns::{self, Holder, Space};
 use super::proc_table::{ProcEntry, ProcTable};
 use super::snapshot::Sealed;
@@ -75,6 +77,8 @@ pub(super) struct SandboxState {
     /// given a new deadline), here or by another wmo-e2b process, and is read again.
     read_stamp: Mutex<Option<Stamp>>,
     internet: AtomicBool,
+    /// Its processes share a network namespace of its own (see `netns`).
+    pub own_network: bool,
     gone: AtomicBool,
     /// So a second concurrent kill returns only once the first has finished.
     destroy_lock: Mutex<()>,
@@ -87,6 +91,8 @@ pub(super) struct SandboxState {
     /// What `reset` returns to, once sealed.
     pub sealed: Mutex<Option<Sealed>>,
     pub procs: ProcTable,
+    /// Its cgroups and the limits of its current task.
+    pub limits: LimitState,
 }
 
 impl SandboxState {
@@ -146,6 +152,7 @@ impl SandboxState {
             paused: AtomicBool::new(meta.paused.is_some()),
             read_stamp: Mutex::new(None),
             internet: AtomicBool::new(meta.internet),
+            own_network: meta.own_network,
             gone: AtomicBool::new(false),
             destroy_lock: Mutex::new(()),
             holders: Mutex::new([None, None, None]),
@@ -153,6 +160,7 @@ impl SandboxState {
             entered: Mutex::new(None),
             sealed: Mutex::new(None),
             procs: Mutex::default(),
+            limits: LimitState::default(),
         })
     }
 
@@ -221,8 +229,19 @@ impl SandboxState {
             Space::Sandbox => None,
             Space::Task | Space::Spare => Some(self.holder(Space::Sandbox)?),
         };
-        let h = holder_start::start(bwrap, &self.binds(), &self.dir, space, parent.as_ref())
-            .map_err(|e| self.io_error("starting the sandbox's namespace", e))?;
+        let h = holder_start::start(
+            bwrap,
+            &self.binds(),
+            &self.dir,
+            space,
+            parent.as_ref(),
+            self.own_network,
+        )
+        .map_err(|e| self.io_error("starting the sandbox's namespace", e))?;
+        if self.own_network && space == Space::Sandbox {
+            netns::attach(bwrap, &self.dir, &h)
+                .map_err(|e| self.io_error("giving the sandbox its network", e))?;
+        }
         lock(&self.holders)[space as usize] = Some(h);
         Ok(h)
     }

@@ -14,6 +14,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::cgroup::Cgroup;
 use super::meta::{self, ProcRecord, PROCS_DIR};
 use super::ns;
 use super::proc_table::{ProcTable, KILL_WAIT};
@@ -38,6 +39,11 @@ pub(super) fn bury(sandboxes: &Path, id: &str) -> io::Result<PathBuf> {
 /// the tombstone. `table` holds the processes this wmo-e2b process started, if any.
 pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) -> Result<()> {
     end_processes(tomb, id, table)?;
+    // Nothing of the sandbox runs now, so its cgroups are empty (and what escaped every
+    // kill above is killed there). A cgroup left behind is the next sweep's.
+    if let Some(cgroup) = Cgroup::of(tomb) {
+        let _ = cgroup.remove();
+    }
     // Best effort: nothing runs any more, and a leftover tombstone is removed by the next sweep.
     let _ = fs::remove_dir_all(tomb);
     Ok(())
