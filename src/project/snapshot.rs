@@ -112,7 +112,7 @@ impl Snapshot {
             .file_name()
             .map_or_else(|| "snapshot".into(), |n| n.to_string_lossy().into_owned());
         let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
+        let _ = crate::deep_remove::remove_tree(&tmp);
         let written = (|| {
             for (rel, content) in &self.files {
                 let path = tmp.join(rel);
@@ -125,7 +125,7 @@ impl Snapshot {
             std::fs::rename(&tmp, out)
         })();
         if written.is_err() {
-            let _ = std::fs::remove_dir_all(&tmp);
+            let _ = crate::deep_remove::remove_tree(&tmp);
         }
         written
     }

@@ -13,7 +13,6 @@
 //! retires the sandbox instead.
 
 use std::fs;
-use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,6 +22,7 @@ use super::ns::{self, Holder, Space};
 use super::proc_table::KILL_WAIT;
 use super::snapshot::{
     copy_tree, empty_dir, first_difference, manifest, remove_tree, Entry, Sealed, SealedTree,
+    SnapshotError,
 };
 use super::state::{Mode, SandboxState};
 use super::sys;
@@ -105,7 +105,7 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
         (_, name, mode),
     ) in sealed.trees.iter().zip(restored(state))
     {
-        let restore = || -> io::Result<Vec<Entry>> {
+        let restore = || -> std::result::Result<Vec<Entry>, SnapshotError> {
             empty_dir(live)?;
             let mut count = 0;
             copy_tree(copy, live, owner, &mut count)?;

@@ -39,7 +39,8 @@ pub(super) fn bury(sandboxes: &Path, id: &str) -> io::Result<PathBuf> {
 pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) -> Result<()> {
     end_processes(tomb, id, table)?;
     // Best effort: nothing runs any more, and a leftover tombstone is removed by the next sweep.
-    let _ = fs::remove_dir_all(tomb);
+    // The task wrote the tree, so it may be of any depth: `deep_remove` never recurses.
+    let _ = crate::deep_remove::remove_tree(tomb);
     Ok(())
 }
 
