@@ -155,7 +155,7 @@ fn episode_in(
     let healthy = outcome.runner_idle
         && !matches!(
             outcome.stop_reason,
-            StopReason::Budget | StopReason::Cancelled
+            StopReason::Timeout | StopReason::Cancelled
         );
     if let Some(failure) = outcome.provider_failure.as_ref().filter(|f| f.stops_run) {
         // A refused key or an unknown model fails every task the same way: stop now, before
@@ -165,7 +165,10 @@ fn episode_in(
 
     // The verdict.
     let t_verify = Instant::now();
-    let verify = match verify(run, task, &outcome, warm, &ws, wall) {
+    let verify_timeout = task
+        .verify_timeout_s
+        .map_or(run.limits.verify_timeout, Duration::from_secs_f64);
+    let verify = match verify(run, task, &outcome, warm, &ws, verify_timeout) {
         Ok(v) => v,
         Err(f) => return f.end(task, &progress, attempt),
     };
@@ -241,7 +244,7 @@ fn verify(
     outcome: &EpisodeOutcome,
     warm: &Warm,
     ws: &str,
-    wall: Duration,
+    timeout: Duration,
 ) -> Result<Option<VerifyRecord>, SandboxFailure> {
     let Some(cmd) = &task.verify else {
         return Ok(None);
@@ -260,7 +263,7 @@ fn verify(
     let sandbox = &warm.sandbox;
     let opts = RunOpts {
         cwd: Some(ws.to_string()),
-        timeout: wall,
+        timeout,
         max_output: VERIFY_TAIL,
         ..RunOpts::default()
     };

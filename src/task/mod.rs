@@ -56,6 +56,9 @@ pub struct Task {
     pub verify: Option<String>,
     #[serde(default)]
     pub timeout_s: Option<f64>,
+    /// How long `verify` may run (the run's `--verify-timeout` when absent).
+    #[serde(default)]
+    pub verify_timeout_s: Option<f64>,
     #[serde(default)]
     pub max_turns: Option<u32>,
     #[serde(default)]
@@ -167,11 +170,16 @@ fn validate(task: &Task) -> Result<(), String> {
         return Err("field `instruction`: must not be empty".into());
     }
     check_file_paths(&task.files)?;
-    if let Some(t) = task.timeout_s {
-        if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
-            return Err(format!(
-                "field `timeout_s`: {t} must be a number of seconds in (0, 86400]"
-            ));
+    for (field, value) in [
+        ("timeout_s", task.timeout_s),
+        ("verify_timeout_s", task.verify_timeout_s),
+    ] {
+        if let Some(t) = value {
+            if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
+                return Err(format!(
+                    "field `{field}`: {t} must be a number of seconds in (0, 86400]"
+                ));
+            }
         }
     }
     if task.max_turns == Some(0) {
@@ -321,6 +329,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`timeout_s`"), "{e}");
+
+        let e = parse(r#"{"id":"a","instruction":"x","verify_timeout_s":0}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`verify_timeout_s`"), "{e}");
 
         let e = parse(r#"{"id":"a","instruction":"x","bogus":1}"#)
             .unwrap_err()
