@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod cancel;
 pub mod channel;
 pub mod civil;
+pub mod deep_remove;
 pub mod digest;
 pub mod emulator;
 pub mod environment;

@@ -74,6 +74,14 @@ pub fn read_tree(root: &Path, bounds: TreeBounds) -> Result<BTreeMap<String, Str
             })?;
             let ft = meta.file_type();
             if ft.is_dir() {
+                // A directory's path is bounded as a file's is: that bounds the depth walked.
+                let rel_len = path.strip_prefix(root).map_or(0, |p| p.as_os_str().len());
+                if rel_len > bounds.max_path {
+                    return Err(TreeError::PathTooLong {
+                        path,
+                        max: bounds.max_path,
+                    });
+                }
                 stack.push(path);
                 continue;
             }
@@ -221,6 +229,15 @@ mod tests {
         assert!(matches!(
             read_tree(d.path(), short),
             Err(TreeError::PathTooLong { .. })
+        ));
+
+        // Empty directories nested past the path bound: refused by the bound, not walked.
+        let d = tree();
+        let deep: PathBuf = std::iter::repeat_n("d", 1000).collect();
+        std::fs::create_dir_all(d.path().join(deep)).unwrap();
+        assert!(matches!(
+            read_tree(d.path(), TreeBounds::default()),
+            Err(TreeError::PathTooLong { max: 512, .. })
         ));
 
         let d = tempfile::tempdir().unwrap();

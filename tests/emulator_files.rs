@@ -391,3 +391,38 @@ fn uploads_keep_metadata_as_extended_attributes() {
         200
     );
 }
+
+/// A tree deeper than any stack: ListDir refuses it by its path bound, Remove takes it all.
+#[test]
+fn a_tree_of_any_depth_is_listed_within_a_bound_and_removed_whole() {
+    let emu = start();
+    let sbx = sandbox(&emu);
+    let fs =
+        |method: &str, body: Value| emu.rpc(&sbx, &format!("filesystem.Filesystem/{method}"), body);
+    assert_eq!(
+        fs("MakeDir", json!({"path": "/home/user/deep"})).status,
+        200
+    );
+    // Built on the host, a level at a time relative to the last, so no path ever grows.
+    let built = std::process::Command::new("perl")
+        .args([
+            "-e",
+            "for (1..20000) { mkdir 'd' or die; chdir 'd' or die }",
+        ])
+        .current_dir(host_path(&emu, &sbx, "deep"))
+        .status()
+        .unwrap();
+    assert!(built.success());
+
+    let listed = fs(
+        "ListDir",
+        json!({"path": "/home/user/deep", "depth": 1_000_000}),
+    );
+    assert_eq!(listed.status, 429, "{}", listed.json());
+    assert_eq!(listed.json()["code"], "resource_exhausted");
+    let message = listed.json()["message"].as_str().unwrap().to_string();
+    assert!(message.contains("longer than 4096 bytes"), "{message}");
+
+    assert_eq!(fs("Remove", json!({"path": "/home/user/deep"})).status, 200);
+    assert_eq!(fs("Stat", json!({"path": "/home/user/deep"})).status, 404);
+}

@@ -123,7 +123,7 @@ fn stop_reasons_follow_the_episode() {
             r#""model_script": [{"content": "abc", "finish_reason": "length"}, {"content": "x", "finish_reason": "length"}, {"content": "y", "finish_reason": "length"}]"#,
         ),
         task(
-            "budget",
+            "timeout",
             &format!(r#""timeout_s": 1, "model_script": [{{"delay_ms": 4000}}, {SUBMIT}]"#),
         ),
         task(
@@ -144,9 +144,9 @@ fn stop_reasons_follow_the_episode() {
     assert_eq!(provider["stop_reason"], "provider_error", "{provider}");
     let truncated = env.result("truncated");
     assert_eq!(truncated["stop_reason"], "output_truncated", "{truncated}");
-    let budget = env.result("budget");
-    assert_eq!(budget["stop_reason"], "budget", "{budget}");
-    assert!(budget["error"].as_str().unwrap().contains("wall budget"));
+    let timeout = env.result("timeout");
+    assert_eq!(timeout["stop_reason"], "timeout", "{timeout}");
+    assert!(timeout["error"].as_str().unwrap().contains("1s timeout"));
     let vf = env.result("verify-fails");
     assert_eq!(vf["status"], "failed");
     assert_eq!(vf["stop_reason"], "submit");
@@ -207,11 +207,14 @@ fn a_runner_killed_mid_episode_is_replayed_on_a_fresh_sandbox() {
 }
 
 #[test]
-fn a_hanging_verify_is_bounded_by_the_task_timeout() {
+fn a_hanging_verify_is_bounded_by_the_task_verify_timeout() {
     let env = Env::new();
+    // The verify's own bound, not the episode's: a long timeout_s leaves it as it is.
     let tasks = env.write_tasks(&[task(
         "hang",
-        &format!(r#""timeout_s": 2, "verify": "sleep 600", "model_script": [{SUBMIT}]"#),
+        &format!(
+            r#""timeout_s": 900, "verify_timeout_s": 2, "verify": "sleep 600", "model_script": [{SUBMIT}]"#
+        ),
     )]);
     let t0 = Instant::now();
     let o = env.eval(&tasks, &[]);

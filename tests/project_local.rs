@@ -311,6 +311,13 @@ fn snapshot_harvests_a_sorted_tree_and_rejects_what_is_not_a_plain_file() {
             "out/deep",
             "longer than 512 bytes",
         ),
+        (
+            // Directories only, far deeper than the walker could recurse: the path bound
+            // stops it first.
+            "cd out && perl -e 'for (1..20000) { mkdir \"chain\" or die; chdir \"chain\" or die }'",
+            "out/chain",
+            "longer than 512 bytes",
+        ),
     ];
     for (make, cleanup, needle) in rejections {
         assert_eq!(env.exec(make).status.code(), Some(0), "{make}");

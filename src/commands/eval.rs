@@ -99,6 +99,9 @@ pub struct EvalArgs {
     /// Time limit of one bash tool call.
     #[arg(long, default_value = "120s", value_parser = super::bounds::duration)]
     bash_timeout: Duration,
+    /// Time limit of a task's verify, unless the task sets verify_timeout_s.
+    #[arg(long, default_value = "300s", value_parser = super::bounds::duration)]
+    verify_timeout: Duration,
     /// How long a new runner may take to say hello.
     #[arg(long, default_value = "60s", value_parser = super::bounds::duration)]
     hello_timeout: Duration,
@@ -319,6 +322,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             max_output_tokens: 4096,
             episode_timeout: args.episode_timeout,
             bash_timeout: args.bash_timeout,
+            verify_timeout: args.verify_timeout,
             transport_retries: args.transport_retries,
             sandbox: sandbox_limits,
             network,

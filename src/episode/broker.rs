@@ -9,6 +9,7 @@ use super::{
     Counters, Episode, EpisodeError, EpisodeOutcome, Opening, Peer, ProviderFailure, StopReason,
     CANCEL_POLL,
 };
+use crate::cancel::CancelToken;
 use crate::channel::{frame_type, ChannelError, Frame, FrameChannel};
 use crate::environment::{ToolOutput, ENV_TOOLS};
 use crate::errors::error_chain;
@@ -18,6 +19,9 @@ pub(super) struct Broker<'a, 'b> {
     ep: &'b mut Episode<'a>,
     channel: &'b mut dyn FrameChannel,
     deadline: Instant,
+    /// Cancelled by the run or at the deadline: what the calls the episode makes (tools,
+    /// model) poll, so a call still running at the deadline ends there.
+    calls_cancel: CancelToken,
     counters: Counters,
     env_actions: u32,
     provider_failure: Option<ProviderFailure>,
@@ -37,10 +41,12 @@ enum Step {
 impl<'a, 'b> Broker<'a, 'b> {
     pub(super) fn new(ep: &'b mut Episode<'a>, channel: &'b mut dyn FrameChannel) -> Self {
         let deadline = Instant::now() + ep.config.wall;
+        let calls_cancel = ep.cancel.until(deadline);
         Broker {
             ep,
             channel,
             deadline,
+            calls_cancel,
             counters: Counters::default(),
             env_actions: 0,
             provider_failure: None,
@@ -237,7 +243,7 @@ impl<'a, 'b> Broker<'a, 'b> {
             script: self.ep.script,
             index: self.counters.turns as usize,
             body,
-            cancel: self.ep.cancel,
+            cancel: &self.calls_cancel,
         };
         self.counters.turns += 1;
         let reply = if let Some(failure) = &self.provider_failure {
@@ -351,7 +357,7 @@ impl<'a, 'b> Broker<'a, 'b> {
         self.env_actions += 1;
         self.ep
             .environment
-            .execute(name, args, self.ep.cancel)
+            .execute(name, args, &self.calls_cancel)
             .map_err(|source| EpisodeError::Environment {
                 source,
                 partial: Box::new(self.counters),
@@ -386,17 +392,17 @@ impl<'a, 'b> Broker<'a, 'b> {
         self.channel.send(frame).map_err(|e| self.channel_error(e))
     }
 
-    /// The outcome when cancellation or the wall budget stopped the conversation. A live
+    /// The outcome when cancellation or the wall deadline stopped the conversation. A live
     /// turn is told to stop (once, best effort: the outcome stands either way).
     fn interrupted(&mut self) -> Option<EpisodeOutcome> {
         let (stop, note, why) = if self.ep.cancel.is_cancelled() {
             (StopReason::Cancelled, None, "cancelled")
         } else if Instant::now() >= self.deadline {
             let note = format!(
-                "the episode exceeded its {}s wall budget",
+                "the episode reached its {}s timeout",
                 self.ep.config.wall.as_secs_f64()
             );
-            (StopReason::Budget, Some(note), "timeout")
+            (StopReason::Timeout, Some(note), "timeout")
         } else {
             return None;
         };

@@ -48,7 +48,11 @@ pub enum StopReason {
     UnparsedToolCall,
     MaxTurns,
     ProviderError,
+    /// A spend cap kept the task from starting (see `eval::verdict`).
     Budget,
+    /// The episode reached its wall deadline (`timeout_s`); the call running then was
+    /// cancelled.
+    Timeout,
     Error,
     Cancelled,
     /// The sandbox killed a process for want of memory.
@@ -79,6 +83,7 @@ impl StopReason {
             StopReason::MaxTurns => "max_turns",
             StopReason::ProviderError => "provider_error",
             StopReason::Budget => "budget",
+            StopReason::Timeout => "timeout",
             StopReason::Error => "error",
             StopReason::Cancelled => "cancelled",
             StopReason::Oom => "oom",

@@ -248,7 +248,7 @@ fn episode_in(
     let healthy = outcome.runner_idle
         && !matches!(
             outcome.stop_reason,
-            StopReason::Budget | StopReason::Cancelled
+            StopReason::Timeout | StopReason::Cancelled
         );
     if let Some(failure) = outcome.provider_failure.as_ref().filter(|f| f.stops_run) {
         // A refused key or an unknown model fails every task the same way: stop now, before
@@ -266,7 +266,10 @@ fn episode_in(
             StopReason::Cancelled | StopReason::Error
         );
     let t_verify = Instant::now();
-    let verified = match verifier::verify(run, task, judged, warm, &ws, wall) {
+    let verify_timeout = task
+        .verify_timeout_s
+        .map_or(run.limits.verify_timeout, Duration::from_secs_f64);
+    let verified = match verifier::verify(run, task, judged, warm, &ws, verify_timeout) {
         Ok(v) => v,
         Err(f) => return f.end(task, &progress, attempt),
     };

@@ -53,12 +53,17 @@ pub struct EvalLimits {
     pub max_output_tokens: u32,
     pub episode_timeout: Duration,
     pub bash_timeout: Duration,
+    /// How long a task's `verify` may run, unless the task sets `verify_timeout_s`.
+    pub verify_timeout: Duration,
     pub transport_retries: u32,
     /// What each task's sandbox may take (a task may narrow them).
     pub sandbox: crate::sandbox::Limits,
     /// The network the pool's sandboxes were made with (a task may narrow it).
     pub network: crate::sandbox::Network,
 }
+
+/// `verify`'s bound when neither the run nor the task names one.
+pub const DEFAULT_VERIFY_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Default for EvalLimits {
     fn default() -> Self {
@@ -68,6 +73,7 @@ impl Default for EvalLimits {
             max_output_tokens: 4096,
             episode_timeout: Duration::from_secs(300),
             bash_timeout: environment::sandbox::DEFAULT_BASH_TIMEOUT,
+            verify_timeout: DEFAULT_VERIFY_TIMEOUT,
             transport_retries: 1,
             sandbox: crate::sandbox::Limits::defaults(),
             network: crate::sandbox::Network::Host,

@@ -105,7 +105,7 @@ impl Project {
         };
         if let Err(e) = project.init_workspace().and_then(|()| project.save()) {
             let _ = project.backend.kill(project.sandbox.id());
-            let _ = std::fs::remove_dir_all(&project.dir);
+            let _ = crate::deep_remove::remove_tree(&project.dir);
             return Err(e);
         }
         Ok(project)
@@ -209,7 +209,7 @@ impl Project {
             Err(e) if e.class() == ErrorClass::Gone => Killed::AlreadyGone,
             Err(e) => return Err(ProjectError::sandbox("kill the project sandbox")(e)),
         };
-        std::fs::remove_dir_all(&dir).map_err(|source| ProjectError::State {
+        crate::deep_remove::remove_tree(&dir).map_err(|source| ProjectError::State {
             what: "remove",
             path: dir.clone(),
             source,

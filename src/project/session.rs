@@ -214,7 +214,7 @@ fn one_turn(
     };
     match outcome.stop_reason {
         StopReason::Cancelled => return Err(TurnError::Cancelled),
-        StopReason::Budget => return Err(TurnError::Timeout(opts.timeout)),
+        StopReason::Timeout => return Err(TurnError::Timeout(opts.timeout)),
         StopReason::Error => {
             return Err(TurnError::Agent(
                 outcome.note.unwrap_or_else(|| "runner error".into()),

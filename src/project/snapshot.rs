@@ -38,9 +38,10 @@ const kind = (s) => s.isSymbolicLink() ? "symlink" : s.isFIFO() ? "fifo" : s.isS
 function walk(dir, rel) {
   for (const n of fs.readdirSync(dir).sort()) {
     const p = path.join(dir, n), r = rel ? rel + "/" + n : n, s = fs.lstatSync(p);
+    // A directory's path is bounded as a file's: that bounds how deep this recursion goes.
+    if (Buffer.byteLength(r) > +maxPath) fail("path is longer than " + maxPath + " bytes: " + r);
     if (s.isDirectory()) { walk(p, r); continue; }
     if (!s.isFile()) { rejected.push({ path: r, kind: kind(s) }); continue; }
-    if (Buffer.byteLength(r) > +maxPath) fail("path is longer than " + maxPath + " bytes: " + r);
     if (files.length >= +maxFiles) fail("directory holds more than " + maxFiles + " files");
     if (total + s.size > +maxBytes) fail("directory holds more than " + maxBytes + " bytes");
     const b = fs.readFileSync(p);
@@ -112,7 +113,7 @@ impl Snapshot {
             .file_name()
             .map_or_else(|| "snapshot".into(), |n| n.to_string_lossy().into_owned());
         let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
+        let _ = crate::deep_remove::remove_tree(&tmp);
         let written = (|| {
             for (rel, content) in &self.files {
                 let path = tmp.join(rel);
@@ -125,7 +126,7 @@ impl Snapshot {
             std::fs::rename(&tmp, out)
         })();
         if written.is_err() {
-            let _ = std::fs::remove_dir_all(&tmp);
+            let _ = crate::deep_remove::remove_tree(&tmp);
         }
         written
     }

@@ -182,6 +182,7 @@ mod tests {
             setup: None,
             verify: None,
             timeout_s: None,
+            verify_timeout_s: None,
             max_turns: None,
             metadata: Default::default(),
             model_script: script,

@@ -60,6 +60,9 @@ pub struct Task {
     pub tests: BTreeMap<String, String>,
     #[serde(default)]
     pub timeout_s: Option<f64>,
+    /// How long `verify` may run (the run's `--verify-timeout` when absent).
+    #[serde(default)]
+    pub verify_timeout_s: Option<f64>,
     #[serde(default)]
     pub max_turns: Option<u32>,
     #[serde(default)]
@@ -183,11 +186,16 @@ fn validate(task: &Task) -> Result<(), String> {
     if !task.tests.is_empty() && task.verify.is_none() {
         return Err("field `tests`: only a task with a `verify` command can have tests".into());
     }
-    if let Some(t) = task.timeout_s {
-        if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
-            return Err(format!(
-                "field `timeout_s`: {t} must be a number of seconds in (0, 86400]"
-            ));
+    for (field, value) in [
+        ("timeout_s", task.timeout_s),
+        ("verify_timeout_s", task.verify_timeout_s),
+    ] {
+        if let Some(t) = value {
+            if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
+                return Err(format!(
+                    "field `{field}`: {t} must be a number of seconds in (0, 86400]"
+                ));
+            }
         }
     }
     if task.max_turns == Some(0) {
@@ -342,6 +350,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`timeout_s`"), "{e}");
+
+        let e = parse(r#"{"id":"a","instruction":"x","verify_timeout_s":0}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`verify_timeout_s`"), "{e}");
 
         let e = parse(r#"{"id":"a","instruction":"x","bogus":1}"#)
             .unwrap_err()

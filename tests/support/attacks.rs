@@ -27,8 +27,9 @@ fn attack(id: &str, cmd: &str, verify: &str, extra: Value) -> String {
     let mut t = json!({
         "id": id,
         "instruction": "make the verify pass",
-        // A verifier left waiting on the agent ends here, failed.
         "timeout_s": 15,
+        // A verifier left waiting on the agent ends here, failed.
+        "verify_timeout_s": 10,
         "model_script": [bash(cmd), submit()],
         "verify": verify,
     });

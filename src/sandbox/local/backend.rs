@@ -245,7 +245,7 @@ impl LocalBackend {
             fs::rename(&staging, self.shared.sandboxes.join(&id))
         })();
         if let Err(e) = built {
-            let _ = fs::remove_dir_all(&staging);
+            let _ = crate::deep_remove::remove_tree(&staging);
             return Err(io_error("creating the sandbox directory", e));
         }
         let state = Arc::new(state);
@@ -490,7 +490,7 @@ impl Shared {
                     .and_then(|t| t.elapsed().ok())
                     .is_some_and(|age| age > STALE_STAGING);
                 if stale {
-                    let _ = fs::remove_dir_all(&path);
+                    let _ = crate::deep_remove::remove_tree(&path);
                 }
             } else if meta::is_id(&name) {
                 let Ok(m) = meta::read_meta(&path) else {

@@ -184,13 +184,8 @@ impl Beneath {
         let err = io::Error::last_os_error();
         match err.raw_os_error() {
             Some(libc::ENOENT) => Ok(()),
-            Some(libc::EISDIR) => {
-                // std's remove_dir_all never follows a symlink below the path it is given.
-                match std::fs::remove_dir_all(fd_path(parent.as_raw_fd()).join(name)) {
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                    other => other,
-                }
-            }
+            // Relative to the parent we hold, never following a symlink, at any depth.
+            Some(libc::EISDIR) => crate::deep_remove::remove_at(parent.as_raw_fd(), &c),
             _ => Err(err),
         }
     }

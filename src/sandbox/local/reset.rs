@@ -12,7 +12,6 @@
 //! and the host's `/tmp` is shared, so `reset` refuses under `--isolation none` and the caller
 //! retires the sandbox instead.
 
-use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -21,6 +20,7 @@ use super::ns::{self, Holder, Space};
 use super::proc_table::KILL_WAIT;
 use super::snapshot::{
     copy_tree, empty_dir, first_difference, manifest, remove_tree, Entry, Sealed, SealedTree,
+    SnapshotError,
 };
 use super::state::{Mode, SandboxState};
 use super::teardown;
@@ -113,7 +113,7 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
         // keeps its binds across tasks), and a new directory would be invisible there. The
         // listing compared below covers the roots' own metadata, so this is proven as a
         // recreation would be.
-        let restore = || -> io::Result<Vec<Entry>> {
+        let restore = || -> std::result::Result<Vec<Entry>, SnapshotError> {
             empty_dir(live)?;
             let mut count = 0;
             copy_tree(copy, live, keep_owner, &mut count)?;

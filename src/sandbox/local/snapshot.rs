@@ -15,6 +15,22 @@ use sha2::{Digest, Sha256};
 
 /// Files a sealed copy may hold at most; a home bigger than this is not worth copying back.
 const MAX_SEALED_ENTRIES: usize = 10_000;
+/// The longest path, in bytes below the copied directory, that a sealed copy or a listing
+/// takes. It bounds the depth a copy reaches and, with [`MAX_SEALED_ENTRIES`], a listing's
+/// memory; a deeper tree is refused, so the sandbox is retired instead of reused. Half the
+/// kernel's `PATH_MAX`, so the sandbox's own directory fits in front of any such path.
+const MAX_SEALED_PATH: usize = 2048;
+
+/// Why a tree could not be copied or listed for a reset.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SnapshotError {
+    #[error("more than {max} entries")]
+    TooManyEntries { max: usize },
+    #[error("a path longer than {max} bytes (the tree is too deep to copy)")]
+    PathTooLong { max: usize },
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
 
 /// What `reset` returns to: the sealed copy of each directory and what it holds.
 pub(super) struct Sealed {
@@ -53,88 +69,73 @@ enum Kind {
     Other,
 }
 
-/// Removes everything inside `dir`, never following a symlink.
+/// Removes everything inside `dir`, never following a symlink, however deep it goes.
 pub(super) fn empty_dir(dir: &Path) -> io::Result<()> {
-    for entry in fs::read_dir(dir)? {
-        remove_tree(&entry?.path())?;
-    }
-    Ok(())
+    crate::deep_remove::empty_dir(dir)
 }
 
-/// Removes a file, symlink or tree. A directory the sandbox made unreadable to its owner is
-/// opened up first (as root the host needs no such help; in a user namespace it does).
+/// Removes a file, symlink or tree of any depth (see `deep_remove`).
 pub(super) fn remove_tree(path: &Path) -> io::Result<()> {
-    let m = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    if !m.is_dir() {
-        return fs::remove_file(path);
-    }
-    match fs::remove_dir_all(path) {
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            open_up(path)?;
-            fs::remove_dir_all(path)
-        }
-        other => other,
-    }
-}
-
-fn open_up(dir: &Path) -> io::Result<()> {
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            open_up(&entry.path())?;
-        }
-    }
-    Ok(())
+    crate::deep_remove::remove_tree(path)
 }
 
 /// Copies a tree: directories, regular files and symlinks (as symlinks), with their modes and
 /// extended attributes; anything else is left out. `to`, made if missing, takes the root's
 /// own mode and attributes (any it had that `from` lacks are removed). With `keep_owner`
-/// (we are root) every entry, the root too, keeps its owner and group.
+/// (we are root) every entry, the root too, keeps its owner and group. Walks with an explicit
+/// stack, so a deep tree is refused by [`MAX_SEALED_PATH`] instead of overflowing anything.
 pub(super) fn copy_tree(
     from: &Path,
     to: &Path,
     keep_owner: bool,
     count: &mut usize,
-) -> io::Result<()> {
+) -> Result<(), SnapshotError> {
     if !to.exists() {
         fs::create_dir(to)?;
     }
     // Before the children are made: a default ACL left on the root would shape them.
     sync_xattrs(from, to)?;
-    copy_children(from, to, keep_owner, count)?;
-    copy_metadata(&fs::symlink_metadata(from)?, from, to, keep_owner)
-}
-
-fn copy_children(from: &Path, to: &Path, keep_owner: bool, count: &mut usize) -> io::Result<()> {
-    for entry in fs::read_dir(from)? {
-        let entry = entry?;
-        *count += 1;
-        if *count > MAX_SEALED_ENTRIES {
-            return Err(io::Error::other(format!(
-                "more than {MAX_SEALED_ENTRIES} entries"
-            )));
+    // A directory's own metadata is given once it is filled, deepest first, so a read-only
+    // directory still takes its entries.
+    let mut dirs = vec![(from.to_path_buf(), to.to_path_buf())];
+    let mut pending = vec![(from.to_path_buf(), to.to_path_buf(), 0usize)];
+    while let Some((src_dir, dst_dir, rel_len)) = pending.pop() {
+        for entry in fs::read_dir(&src_dir)? {
+            let entry = entry?;
+            *count += 1;
+            if *count > MAX_SEALED_ENTRIES {
+                return Err(SnapshotError::TooManyEntries {
+                    max: MAX_SEALED_ENTRIES,
+                });
+            }
+            let name = entry.file_name();
+            let child_len = rel_len + 1 + name.len();
+            if child_len > MAX_SEALED_PATH {
+                return Err(SnapshotError::PathTooLong {
+                    max: MAX_SEALED_PATH,
+                });
+            }
+            let (src, dst) = (entry.path(), dst_dir.join(&name));
+            let m = fs::symlink_metadata(&src)?;
+            let ft = m.file_type();
+            if ft.is_symlink() {
+                std::os::unix::fs::symlink(fs::read_link(&src)?, &dst)?;
+            } else if ft.is_dir() {
+                fs::create_dir(&dst)?;
+                sync_xattrs(&src, &dst)?;
+                dirs.push((src.clone(), dst.clone()));
+                pending.push((src, dst, child_len));
+                continue;
+            } else if ft.is_file() {
+                fs::copy(&src, &dst)?;
+            } else {
+                continue;
+            }
+            copy_metadata(&m, &src, &dst, keep_owner)?;
         }
-        let (src, dst) = (entry.path(), to.join(entry.file_name()));
-        let m = fs::symlink_metadata(&src)?;
-        let ft = m.file_type();
-        if ft.is_symlink() {
-            std::os::unix::fs::symlink(fs::read_link(&src)?, &dst)?;
-        } else if ft.is_dir() {
-            fs::create_dir(&dst)?;
-            sync_xattrs(&src, &dst)?;
-            copy_children(&src, &dst, keep_owner, count)?;
-        } else if ft.is_file() {
-            fs::copy(&src, &dst)?;
-        } else {
-            continue;
-        }
-        copy_metadata(&m, &src, &dst, keep_owner)?;
+    }
+    for (src, dst) in dirs.iter().rev() {
+        copy_metadata(&fs::symlink_metadata(src)?, src, dst, keep_owner)?;
     }
     Ok(())
 }
@@ -151,36 +152,40 @@ fn copy_metadata(m: &fs::Metadata, src: &Path, dst: &Path, keep_owner: bool) -> 
     sync_xattrs(src, dst)
 }
 
-/// What a tree holds, sorted by path.
-pub(super) fn manifest(root: &Path) -> io::Result<Vec<Entry>> {
+/// What a tree holds, the root itself first as `.`, sorted by path. Refuses a tree past
+/// [`MAX_SEALED_ENTRIES`] or [`MAX_SEALED_PATH`], so the listing's memory is bounded by both.
+pub(super) fn manifest(root: &Path) -> Result<Vec<Entry>, SnapshotError> {
     let mut out = vec![list_one(root, ".".into())?];
-    walk(root, "", &mut out)?;
-    out.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(out)
-}
-
-fn walk(dir: &Path, prefix: &str, out: &mut Vec<Entry>) -> io::Result<()> {
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = if prefix.is_empty() {
-            name
-        } else {
-            format!("{prefix}/{name}")
-        };
-        if out.len() >= MAX_SEALED_ENTRIES {
-            return Err(io::Error::other(format!(
-                "more than {MAX_SEALED_ENTRIES} entries"
-            )));
-        }
-        let listed = list_one(&entry.path(), path.clone())?;
-        let is_dir = listed.kind == Kind::Dir;
-        out.push(listed);
-        if is_dir {
-            walk(&entry.path(), &path, out)?;
+    let mut pending = vec![(root.to_path_buf(), String::new())];
+    while let Some((dir, prefix)) = pending.pop() {
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = if prefix.is_empty() {
+                name
+            } else {
+                format!("{prefix}/{name}")
+            };
+            if out.len() > MAX_SEALED_ENTRIES {
+                return Err(SnapshotError::TooManyEntries {
+                    max: MAX_SEALED_ENTRIES,
+                });
+            }
+            if path.len() > MAX_SEALED_PATH {
+                return Err(SnapshotError::PathTooLong {
+                    max: MAX_SEALED_PATH,
+                });
+            }
+            let listed = list_one(&entry.path(), path.clone())?;
+            let is_dir = listed.kind == Kind::Dir;
+            out.push(listed);
+            if is_dir {
+                pending.push((entry.path(), path));
+            }
         }
     }
-    Ok(())
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
 }
 
 fn list_one(at: &Path, path: String) -> io::Result<Entry> {
@@ -318,5 +323,50 @@ pub(super) fn first_difference(want: &[Entry], got: &[Entry]) -> String {
         (w, g) if g > w => format!("{} was left behind", got[w].path),
         (w, g) if w > g => format!("{} is missing", want[g].path),
         _ => "the listings differ".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deep_remove::test_support::deep_chain;
+
+    #[test]
+    fn a_tree_deeper_than_the_path_bound_is_refused_by_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("home");
+        fs::create_dir(&home).unwrap();
+        deep_chain(&home, 20_000);
+        let listed = manifest(&home);
+        assert!(
+            matches!(listed, Err(SnapshotError::PathTooLong { max: 2048 })),
+            "{listed:?}"
+        );
+        let copied = copy_tree(&home, &tmp.path().join("copy"), false, &mut 0);
+        assert!(
+            matches!(copied, Err(SnapshotError::PathTooLong { max: 2048 })),
+            "{copied:?}"
+        );
+        // And the reset's removal takes it all, however deep (the temporary directory's own
+        // removal would not).
+        empty_dir(&home).unwrap();
+        assert_eq!(fs::read_dir(&home).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_deep_tree_within_the_bound_copies_and_lists_alike() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("home");
+        let deep: PathBuf = std::iter::repeat_n("d", 1_000).collect();
+        fs::create_dir_all(home.join(&deep)).unwrap();
+        fs::write(home.join(&deep).join("f"), "x").unwrap();
+        fs::create_dir(home.join("ro")).unwrap();
+        fs::write(home.join("ro/f"), "y").unwrap();
+        fs::set_permissions(home.join("ro"), fs::Permissions::from_mode(0o555)).unwrap();
+        let copy = tmp.path().join("copy");
+        copy_tree(&home, &copy, false, &mut 0).unwrap();
+        let (want, got) = (manifest(&home).unwrap(), manifest(&copy).unwrap());
+        assert_eq!(want.len(), 1_004);
+        assert_eq!(want, got, "{}", first_difference(&want, &got));
     }
 }

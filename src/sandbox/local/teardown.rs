@@ -45,7 +45,8 @@ pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) ->
         let _ = cgroup.remove();
     }
     // Best effort: nothing runs any more, and a leftover tombstone is removed by the next sweep.
-    let _ = fs::remove_dir_all(tomb);
+    // The task wrote the tree, so it may be of any depth: `deep_remove` never recurses.
+    let _ = crate::deep_remove::remove_tree(tomb);
     Ok(())
 }
 

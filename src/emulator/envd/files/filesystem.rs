@@ -17,6 +17,9 @@ use crate::sandbox::Role;
 
 /// Entries one ListDir returns at most.
 const MAX_LIST_ENTRIES: usize = 100_000;
+/// The longest path one ListDir reports (the kernel's `PATH_MAX`): it bounds how deep a
+/// listing goes and the memory its paths take.
+const MAX_LIST_PATH: usize = 4096;
 
 pub(in crate::emulator) fn rpc(
     entry: &SandboxEntry,
@@ -140,6 +143,10 @@ fn list_dir(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
     Ok(json!({"entries": entries}))
 }
 
+/// Lists `rel` and, `depth` levels down, what it holds: each directory's entry followed by
+/// its own entries, as a recursive listing gives them. Walks with an explicit stack (one
+/// frame per open level, holding the entries still to report) and refuses a path past
+/// [`MAX_LIST_PATH`], so a tree of any depth costs bounded stack and memory.
 fn walk(
     entry: &SandboxEntry,
     files: &Beneath,
@@ -148,8 +155,57 @@ fn walk(
     depth: i64,
     out: &mut Vec<Value>,
 ) -> RpcResult<()> {
-    let left = MAX_LIST_ENTRIES.saturating_sub(out.len());
-    let children = files.list(rel, left).map_err(|e| {
+    let mut frames = vec![list_frame(files, rel, e2b_dir, depth, out.len())?];
+    while let Some(frame) = frames.last_mut() {
+        let Some((name, meta)) = frame.left.pop() else {
+            frames.pop();
+            continue;
+        };
+        let child_rel = if frame.rel.is_empty() {
+            name.clone()
+        } else {
+            format!("{}/{name}", frame.rel)
+        };
+        let e2b = format!("{}/{name}", frame.e2b.trim_end_matches('/'));
+        if e2b.len() > MAX_LIST_PATH {
+            return Err(RpcError::new(
+                Code::ResourceExhausted,
+                format!("a path longer than {MAX_LIST_PATH} bytes; list a smaller depth"),
+            ));
+        }
+        // Gone between the listing and the stat: skip it, as a listing races any writer.
+        let Ok(info) = entry_info(entry, files, &child_rel, &e2b) else {
+            continue;
+        };
+        out.push(info);
+        let depth = frame.depth;
+        if meta.is_dir() && depth > 1 {
+            // What the frames still hold is listed too: it counts against the bound.
+            let held: usize = frames.iter().map(|f| f.left.len()).sum();
+            let next = list_frame(files, &child_rel, &e2b, depth - 1, out.len() + held)?;
+            frames.push(next);
+        }
+    }
+    Ok(())
+}
+
+/// One directory of a listing: its entries not yet reported, the next one last.
+struct Frame {
+    rel: String,
+    e2b: String,
+    depth: i64,
+    left: Vec<(String, FsMetadata)>,
+}
+
+fn list_frame(
+    files: &Beneath,
+    rel: &str,
+    e2b_dir: &str,
+    depth: i64,
+    listed: usize,
+) -> RpcResult<Frame> {
+    let left = MAX_LIST_ENTRIES.saturating_sub(listed);
+    let mut children = files.list(rel, left).map_err(|e| {
         if e.kind() == io::ErrorKind::OutOfMemory {
             RpcError::new(
                 Code::ResourceExhausted,
@@ -159,23 +215,13 @@ fn walk(
             io_error("cannot list", e2b_dir, &e)
         }
     })?;
-    for (name, meta) in children {
-        let child_rel = if rel.is_empty() {
-            name.clone()
-        } else {
-            format!("{rel}/{name}")
-        };
-        let e2b = format!("{}/{name}", e2b_dir.trim_end_matches('/'));
-        // Gone between the listing and the stat: skip it, as a listing races any writer.
-        let Ok(info) = entry_info(entry, files, &child_rel, &e2b) else {
-            continue;
-        };
-        out.push(info);
-        if meta.is_dir() && depth > 1 {
-            walk(entry, files, &child_rel, &e2b, depth - 1, out)?;
-        }
-    }
-    Ok(())
+    children.reverse();
+    Ok(Frame {
+        rel: rel.to_string(),
+        e2b: e2b_dir.to_string(),
+        depth,
+        left: children,
+    })
 }
 
 fn remove(entry: &SandboxEntry, msg: &Value, role: Role) -> RpcResult<Value> {
