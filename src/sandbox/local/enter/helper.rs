@@ -26,7 +26,7 @@ const JOINED_PID_FD: RawFd = 10;
 const JOINED_USER_FD: RawFd = 11;
 /// The exit statuses of a helper that failed before the command could run: could not enter
 /// (as `nsenter` or a join shell would), could not exec the command (as a shell would).
-const CANNOT_ENTER: i32 = 125;
+pub(super) const CANNOT_ENTER: i32 = 125;
 const CANNOT_EXEC: i32 = 127;
 
 // The hook: glibc runs `.init_array` entries before `main`, in every program, with the
@@ -64,7 +64,7 @@ extern "C" fn helper_hook() {
 
 /// Why the helper could not do what it was asked, and the exit status that says so.
 #[derive(Debug)]
-struct Failure {
+pub(super) struct Failure {
     /// An exit status, or [`GONE`].
     code: i32,
     what: String,
@@ -74,7 +74,7 @@ struct Failure {
 /// process), and the helper dies of SIGKILL as everything in it did.
 const GONE: i32 = -1;
 
-fn gone() -> Failure {
+pub(super) fn gone() -> Failure {
     Failure {
         code: GONE,
         what: "the sandbox's namespace is gone".into(),
@@ -87,14 +87,14 @@ impl std::fmt::Display for Failure {
     }
 }
 
-fn cannot_enter(what: impl std::fmt::Display) -> Failure {
+pub(super) fn cannot_enter(what: impl std::fmt::Display) -> Failure {
     Failure {
         code: CANNOT_ENTER,
         what: what.to_string(),
     }
 }
 
-enum Never {}
+pub(super) enum Never {}
 
 /// Carries out a request; returns only on failure.
 fn serve(args: &[OsString]) -> Result<Never, Failure> {
@@ -135,7 +135,7 @@ fn serve(args: &[OsString]) -> Result<Never, Failure> {
             };
             let opened = open_holder(holder, false, true)?;
             only_stdio().map_err(cannot_enter)?;
-            sweep(&opened)
+            super::sweep::sweep(&opened)
         }
         _ => Err(bad()),
     }
@@ -155,13 +155,13 @@ fn parse_identity(text: &[u8]) -> Option<Identity> {
 }
 
 /// A holder's namespaces, opened close-on-exec.
-struct Opened {
+pub(super) struct Opened {
     /// The holder's `/proc` entry: readable for as long as that very process lives.
     entry: File,
-    pid: OwnedFd,
+    pub pid: OwnedFd,
     user: Option<OwnedFd>,
     /// Mount, IPC, UTS and the root directory, for `enter`.
-    rest: Option<[OwnedFd; 4]>,
+    pub rest: Option<[OwnedFd; 4]>,
 }
 
 /// Opens the namespaces of the holder named `PID:START_TIME`, then checks through the same
@@ -198,7 +198,7 @@ fn open_holder(named: &OsStr, user: bool, every: bool) -> Result<Opened, Failure
 }
 
 impl Opened {
-    fn holder_lives(&self) -> bool {
+    pub(super) fn holder_lives(&self) -> bool {
         open_at(self.entry.as_raw_fd(), "stat", libc::O_RDONLY, 0).is_ok()
     }
 }
@@ -337,154 +337,8 @@ fn enter(
     }
 }
 
-/// The exit status of a sweep that could not prove every task process gone.
-const SWEEP_UNPROVEN: i32 = 3;
-/// Rounds of a sweep (each a look at every process, then a kill of what it found) before it
-/// gives up; a round that finds nothing ends it.
-const SWEEP_ROUNDS: u32 = 2000;
-
-/// Ends every process in the holder's PID namespace (and those nested in it) that is not
-/// root's: the task's and the verifier's, never the holder's own (root's, as root starts it).
-/// Run from inside the namespace, as root with no capability but `CAP_KILL`, so no task
-/// process can signal it or trace it, and pid numbers are the namespace's own. Exits 0 once
-/// a look finds none left; zombies are dead already.
-fn sweep(opened: &Opened) -> Result<Never, Failure> {
-    let Some([mnt, _, _, root]) = &opened.rest else {
-        return Err(cannot_enter("the namespaces were not opened to sweep"));
-    };
-    // SAFETY: plain system calls on fds we own; this process is the helper, single-threaded,
-    // so its child may allocate and read files.
-    unsafe {
-        for (fd, kind, what) in [
-            (&opened.pid, libc::CLONE_NEWPID, "join the PID namespace"),
-            (mnt, libc::CLONE_NEWNS, "join the mount namespace"),
-        ] {
-            if libc::setns(fd.as_raw_fd(), kind) == -1 {
-                return Err(cannot_enter(format!(
-                    "cannot {what}: {}",
-                    io::Error::last_os_error()
-                )));
-            }
-        }
-        if libc::fchdir(root.as_raw_fd()) == -1 || libc::chroot(c".".as_ptr()) == -1 {
-            return Err(cannot_enter(format!(
-                "cannot enter the sandbox's root: {}",
-                io::Error::last_os_error()
-            )));
-        }
-        match libc::fork() {
-            -1 if !opened.holder_lives() => Err(gone()),
-            -1 => Err(cannot_enter(format!(
-                "cannot start the sweep: {}",
-                io::Error::last_os_error()
-            ))),
-            0 => {
-                if only_kill_capability().is_err() {
-                    fail(b"wmo-e2b: cannot drop to CAP_KILL\n", CANNOT_ENTER);
-                }
-                let me = libc::getpid();
-                for _ in 0..SWEEP_ROUNDS {
-                    let victims = unprivileged_processes(me);
-                    if victims.is_empty() {
-                        libc::_exit(0);
-                    }
-                    for pid in victims {
-                        libc::kill(pid, libc::SIGKILL);
-                    }
-                    libc::usleep(1000);
-                }
-                fail(
-                    b"wmo-e2b: task processes still run after the sweep\n",
-                    SWEEP_UNPROVEN,
-                )
-            }
-            sweeper => launcher(sweeper),
-        }
-    }
-}
-
-/// Every live process this namespace's `/proc` shows whose real uid is not root's, but `me`.
-fn unprivileged_processes(me: libc::pid_t) -> Vec<libc::pid_t> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return vec![me];
-    };
-    let mut out = Vec::new();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<libc::pid_t>().ok())
-        else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let mut status = String::new();
-        // Gone between the listing and the read: nothing to kill.
-        let Ok(f) = File::open(format!("/proc/{pid}/status")) else {
-            continue;
-        };
-        if f.take(4096).read_to_string(&mut status).is_err() {
-            continue;
-        }
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(str::trim)
-        };
-        let zombie = field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
-        let uid = field("Uid:").and_then(|u| u.split_whitespace().next());
-        if !zombie && uid != Some("0") {
-            out.push(pid);
-        }
-    }
-    out
-}
-
-/// Keeps `CAP_KILL` alone, in every set that matters for a process that never execs.
-unsafe fn only_kill_capability() -> io::Result<()> {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const VERSION_3: u32 = 0x2008_0522;
-    const CAP_KILL: u32 = 5;
-    let mut header = Header {
-        version: VERSION_3,
-        pid: 0,
-    };
-    let kill = 1 << CAP_KILL;
-    let data = [
-        Data {
-            effective: kill,
-            permitted: kill,
-            inheritable: 0,
-        },
-        Data {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        },
-    ];
-    check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-    if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Says why on stderr and exits, in the command's process before its exec.
-unsafe fn fail(why: &[u8], code: libc::c_int) -> ! {
+pub(super) unsafe fn fail(why: &[u8], code: libc::c_int) -> ! {
     libc::write(2, why.as_ptr().cast(), why.len());
     libc::_exit(code)
 }
@@ -515,8 +369,14 @@ unsafe fn drop_privileges(drop_to: Option<Identity>) -> io::Result<()> {
     check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
 }
 
-/// Empties the permitted, effective and inheritable capability sets (`capset` v3).
+/// Empties the permitted, effective and inheritable capability sets.
 unsafe fn clear_capabilities() -> io::Result<()> {
+    set_capabilities(0)
+}
+
+/// Makes the effective and permitted sets `keep` (of the first 32 capabilities) and the
+/// inheritable set empty (`capset` v3).
+pub(super) unsafe fn set_capabilities(keep: u32) -> io::Result<()> {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -534,11 +394,19 @@ unsafe fn clear_capabilities() -> io::Result<()> {
         version: VERSION_3,
         pid: 0,
     };
-    let data = [Data {
+    let none = Data {
         effective: 0,
         permitted: 0,
         inheritable: 0,
-    }; 2];
+    };
+    let data = [
+        Data {
+            effective: keep,
+            permitted: keep,
+            inheritable: 0,
+        },
+        none,
+    ];
     if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) == -1 {
         return Err(io::Error::last_os_error());
     }
@@ -565,7 +433,7 @@ unsafe fn loopback_up() -> io::Result<()> {
 }
 
 /// The launcher: holds nothing of the command's, waits for it and ends as it ended.
-unsafe fn launcher(command: libc::pid_t) -> ! {
+pub(super) unsafe fn launcher(command: libc::pid_t) -> ! {
     close_from(0);
     let mut status = 0;
     let signal = loop {
@@ -641,7 +509,7 @@ fn max_fds() -> libc::c_int {
     libc::c_int::try_from(limit.rlim_cur.min(1 << 16)).unwrap_or(1024)
 }
 
-fn check(rc: libc::c_int) -> io::Result<()> {
+pub(super) fn check(rc: libc::c_int) -> io::Result<()> {
     if rc == -1 {
         Err(io::Error::last_os_error())
     } else {

@@ -19,6 +19,8 @@
 //! - **join**: open a holder's PID namespace (and user namespace) as fd 10 (and 11) and exec
 //!   the rest with them: a nested holder's bwrap, which joins them itself (`--pidns 10`).
 //! - **plain**: exec the rest.
+//! - **sweep**: kill every process of a holder's PID namespace that is not root's, from inside
+//!   it, and prove them gone (`sweep`).
 //!
 //! A holder's pid is checked to still name that holder after its namespaces are opened,
 //! through the same `/proc` entry, so a recycled pid never puts a process in someone else's
@@ -30,5 +32,6 @@
 
 mod helper;
 mod request;
+mod sweep;
 
 pub(super) use request::Request;
