@@ -268,8 +268,12 @@ fn one_task(pool: &Pool, task: &Task, transcripts: &Path, n: usize) -> Phases {
     let t_acq = t0.elapsed().as_secs_f64();
     let sandbox = warm.sandbox.clone();
     let ws = pool.workspace_of(sandbox.as_ref());
-    // As eval prepares a task with files and no setup: the files make the workspace.
+    // As eval prepares a task with files and no setup: its limits in force, then the files
+    // make the workspace.
     let t1 = Instant::now();
+    sandbox
+        .apply_limits(&wmo_e2b::sandbox::Limits::defaults())
+        .expect("limits");
     for (rel, content) in &task.files {
         sandbox
             .write_file(&format!("{ws}/{rel}"), content.as_bytes())

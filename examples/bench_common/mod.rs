@@ -118,7 +118,8 @@ pub fn spec() -> CreateSpec {
         envs: Vec::new(),
         internet: true,
         on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
-        limits: Default::default(),
+        // What eval gives every sandbox unless told otherwise.
+        limits: wmo_e2b::sandbox::Limits::defaults(),
         network: Default::default(),
     }
 }
