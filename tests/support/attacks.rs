@@ -98,12 +98,7 @@ pub fn tasks() -> Vec<String> {
 
 /// Every forgery `failed`, `hidden-tests` `passed`.
 pub fn check(results: &[Value]) {
-    let find = |id: &str| {
-        results
-            .iter()
-            .find(|r| r["id"] == id)
-            .unwrap_or_else(|| panic!("no result for {id}: {results:?}"))
-    };
+    let find = |id: &str| super::result_in(results, id);
     for id in FORGERIES {
         let r = find(id);
         assert_eq!(r["status"], "failed", "{id} forged its verdict: {r}");

@@ -84,12 +84,7 @@ pub fn tasks() -> Vec<String> {
 /// Checks the two results: both passed, and `clean` ran on the sandbox `dirty` left,
 /// reused.
 pub fn check(results: &[Value]) {
-    let find = |id: &str| {
-        results
-            .iter()
-            .find(|r| r["id"] == id)
-            .unwrap_or_else(|| panic!("no result for {id}: {results:?}"))
-    };
+    let find = |id: &str| super::result_in(results, id);
     let (dirty, clean) = (find("dirty"), find("clean"));
     assert_eq!(dirty["status"], "passed", "{dirty}");
     assert_eq!(clean["status"], "passed", "{clean}");

@@ -139,6 +139,14 @@ pub fn results_in(out: &Path) -> Vec<Value> {
 }
 
 /// The report of a `reap --json` that succeeded.
+/// The result of task `id` among `results`; fails the test naming what is there if none.
+pub fn result_in<'a>(results: &'a [Value], id: &str) -> &'a Value {
+    results
+        .iter()
+        .find(|r| r["id"] == id)
+        .unwrap_or_else(|| panic!("no result for {id}: {results:?}"))
+}
+
 pub fn reap_report(o: &Output) -> Value {
     assert_eq!(o.status.code(), Some(0), "{}", text(o));
     serde_json::from_slice(&o.stdout).unwrap()
