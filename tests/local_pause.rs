@@ -370,7 +370,9 @@ fn killing_a_paused_sandbox_leaves_no_process() {
             held.iter().all(|&h| !pid_alive(h)),
             "{kind:?}: a holder lives"
         );
-        assert_eq!(collect(&p.events, WAIT).exit, Some(None));
+        let c = collect(&p.events, WAIT);
+        let why = String::from_utf8_lossy(&c.stderr);
+        assert_eq!(c.exit, Some(None), "{kind:?}: {why}");
         assert_eq!(b.kill(sb.id()).unwrap(), Killed::AlreadyGone);
     }
 }

@@ -198,8 +198,18 @@ fn open_holder(named: &OsStr, user: bool, every: bool) -> Result<Opened, Failure
 }
 
 impl Opened {
+    /// Whether the holder's PID 1 still runs: its `/proc` entry readable and not a zombie
+    /// (killed, it stays readable until its launcher reaps it, while its namespace already
+    /// takes in no process).
     pub(super) fn holder_lives(&self) -> bool {
-        open_at(self.entry.as_raw_fd(), "stat", libc::O_RDONLY, 0).is_ok()
+        let Ok(fd) = open_at(self.entry.as_raw_fd(), "stat", libc::O_RDONLY, 0) else {
+            return false;
+        };
+        let mut stat = String::new();
+        if File::from(fd).take(4096).read_to_string(&mut stat).is_err() {
+            return false;
+        }
+        sys::parse_stat(&stat).is_some_and(|s| s.is_running())
     }
 }
 
