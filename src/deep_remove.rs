@@ -89,14 +89,13 @@ fn empty(dir: &OwnedFd, fresh: &mut Fresh) -> io::Result<()> {
         for name in names(dir.as_raw_fd())? {
             let name = name?;
             seen = true;
-            match unlink_opening_up(dir, &name, 0) {
-                Ok(()) => {
+            match unlink_unless_dir(dir, &name)? {
+                Unlinked::Removed => {
                     progressed = true;
                     continue;
                 }
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
-                Err(e) if e.raw_os_error() != Some(libc::EISDIR) => return Err(e),
-                Err(_) => {}
+                Unlinked::Gone => continue,
+                Unlinked::Dir => {}
             }
             let child = match open_child_dir(dir.as_raw_fd(), &name) {
                 Ok(fd) => fd,
@@ -129,14 +128,13 @@ fn hoist(child: &OwnedFd, into: &OwnedFd, fresh: &mut Fresh) -> io::Result<bool>
     let mut progressed = false;
     for name in names(child.as_raw_fd())? {
         let name = name?;
-        match unlink_opening_up(child, &name, 0) {
-            Ok(()) => {
+        match unlink_unless_dir(child, &name)? {
+            Unlinked::Removed => {
                 progressed = true;
                 continue;
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
-            Err(e) if e.raw_os_error() != Some(libc::EISDIR) => return Err(e),
-            Err(_) => {}
+            Unlinked::Gone => continue,
+            Unlinked::Dir => {}
         }
         move_up(child, &name, into, fresh)?;
         progressed = true;
@@ -180,6 +178,25 @@ fn move_up(from: &OwnedFd, name: &CStr, into: &OwnedFd, fresh: &mut Fresh) -> io
 }
 
 /// `unlinkat`, retried once after giving `dir` mode 0700 when it refused for permissions.
+/// What unlinking one entry as a file did.
+enum Unlinked {
+    Removed,
+    /// It was gone already.
+    Gone,
+    /// It is a directory, left for the caller.
+    Dir,
+}
+
+/// Unlinks `name` in `dir` unless it is a directory.
+fn unlink_unless_dir(dir: &OwnedFd, name: &CStr) -> io::Result<Unlinked> {
+    match unlink_opening_up(dir, name, 0) {
+        Ok(()) => Ok(Unlinked::Removed),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Unlinked::Gone),
+        Err(e) if e.raw_os_error() == Some(libc::EISDIR) => Ok(Unlinked::Dir),
+        Err(e) => Err(e),
+    }
+}
+
 fn unlink_opening_up(dir: &OwnedFd, name: &CStr, flags: libc::c_int) -> io::Result<()> {
     match unlink(dir.as_raw_fd(), name, flags) {
         Err(e) if e.raw_os_error() == Some(libc::EACCES) => {

@@ -43,7 +43,7 @@ pub use budget::SpendPlan;
 pub use control::RunControl;
 pub use results::{ResultsWriter, Status, TaskRecord};
 pub use summary::{EvalSummary, Tally, Verdict};
-pub use verifier::{VerifierMode, MAX_WORKSPACE_COPY};
+pub use verifier::VerifierMode;
 
 /// Per-run limits; a task's own `timeout_s` and `max_turns` win over these.
 #[derive(Debug, Clone)]

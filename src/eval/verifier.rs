@@ -17,7 +17,7 @@ use crate::task::Task;
 /// Bytes of verify output kept in a result.
 const VERIFY_TAIL: usize = 2048;
 /// The largest workspace `--verifier separate` copies (as a tar stream, held in memory).
-pub const MAX_WORKSPACE_COPY: usize = 64 << 20;
+const MAX_WORKSPACE_COPY: usize = 64 << 20;
 /// Bound on packing or unpacking the workspace for a separate verifier.
 const COPY_TIMEOUT: Duration = Duration::from_secs(300);
 /// Where the copied workspace's archive waits in the fresh sandbox, home-relative.

@@ -180,24 +180,18 @@ const VERIFY_SHELL: &[&str] = &["/bin/bash", "--noprofile", "--norc", "-c"];
 /// A verifier's fixed environment (see [`Role::Verify`]): nothing of the sandbox's or the
 /// agent's, its own `HOME` and `TMPDIR` under `dir`, then the caller's variables.
 fn verifier_env(path: &str, dir: &str, caller: &[(String, String)]) -> Vec<(String, String)> {
-    let mut env: BTreeMap<String, String> = PASSTHROUGH_ENV
-        .iter()
-        .filter_map(|k| Some((k.to_string(), std::env::var(k).ok()?)))
-        .collect();
-    for (k, v) in [
-        ("PATH", path.to_string()),
-        ("USER", "verifier".into()),
-        ("LOGNAME", "verifier".into()),
-        ("SHELL", "/bin/bash".into()),
-        ("HOME", format!("{dir}/home")),
-        ("TMPDIR", format!("{dir}/tmp")),
-        ("PYTHONNOUSERSITE", "1".into()),
-        ("PYTHONDONTWRITEBYTECODE", "1".into()),
-    ] {
-        env.insert(k.into(), v);
-    }
-    env.extend(caller.iter().cloned());
-    env.into_iter().collect()
+    let (home, tmp) = (format!("{dir}/home"), format!("{dir}/tmp"));
+    let fixed = [
+        ("PATH", path),
+        ("USER", "verifier"),
+        ("LOGNAME", "verifier"),
+        ("SHELL", "/bin/bash"),
+        ("HOME", home.as_str()),
+        ("TMPDIR", tmp.as_str()),
+        ("PYTHONNOUSERSITE", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+    ];
+    compose_env(&fixed, caller.iter())
 }
 
 /// The environment of a command under bwrap: ours alone but for the few variables passed
@@ -207,20 +201,28 @@ fn sandbox_env<'a>(
     home: &str,
     caller: impl Iterator<Item = &'a (String, String)>,
 ) -> Vec<(String, String)> {
-    let mut env: BTreeMap<String, String> = PASSTHROUGH_ENV
-        .iter()
-        .filter_map(|k| Some((k.to_string(), std::env::var(k).ok()?)))
-        .collect();
-    for (k, v) in [
+    let fixed = [
         ("PATH", bwrap.path_env.as_str()),
         ("USER", "user"),
         ("LOGNAME", "user"),
         ("SHELL", "/bin/bash"),
         ("TMPDIR", "/tmp"),
         ("HOME", home),
-    ] {
-        env.insert(k.into(), v.into());
-    }
+    ];
+    compose_env(&fixed, caller)
+}
+
+/// The host's few passed-through variables, then `fixed`, then the caller's: each later one
+/// overrides an earlier one of the same name.
+fn compose_env<'a>(
+    fixed: &[(&str, &str)],
+    caller: impl Iterator<Item = &'a (String, String)>,
+) -> Vec<(String, String)> {
+    let mut env: BTreeMap<String, String> = PASSTHROUGH_ENV
+        .iter()
+        .filter_map(|k| Some((k.to_string(), std::env::var(k).ok()?)))
+        .collect();
+    env.extend(fixed.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     env.extend(caller.cloned());
     env.into_iter().collect()
 }
