@@ -11,6 +11,14 @@ missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v slirp4netns >/dev/null 2>&1 || missing+=(slirp4netns)
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing+=(chromium)
+# Container images: the CNCF registry the image tests serve on loopback, buildah (the first
+# image builder wmo-e2b looks for), skopeo and umoci (tests push with them and the image
+# benchmark compares against them), busybox-static (base images made without a network).
+command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+command -v buildah >/dev/null 2>&1 || missing+=(buildah)
+command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+command -v umoci >/dev/null 2>&1 || missing+=(umoci)
+[[ -x /bin/busybox ]] || missing+=(busybox-static)
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then

@@ -16,6 +16,7 @@ pub mod episode;
 pub mod errors;
 pub mod eval;
 pub mod id;
+pub mod image;
 pub mod pool;
 pub mod project;
 pub mod provider;

@@ -25,6 +25,8 @@ pub(super) struct ProcStat {
     pub state: u8,
     pub ppid: u32,
     pub pgrp: u32,
+    /// The kernel's task flags (field 9).
+    pub flags: u64,
     /// Clock ticks after boot (field 22): with the pid it names one process for all time.
     pub start_time: u64,
 }
@@ -33,6 +35,14 @@ impl ProcStat {
     /// Zombies and dead tasks are over: they only wait for a parent (maybe not us) to reap them.
     pub fn is_running(&self) -> bool {
         !matches!(self.state, b'Z' | b'X' | b'x')
+    }
+
+    /// Whether the process has begun to exit (`PF_EXITING`): it runs no code of its own any
+    /// more. A namespace's PID 1 stays in that state, not yet a zombie, while the kernel kills
+    /// the rest of its namespace, and its namespace already takes in no process.
+    pub fn is_exiting(&self) -> bool {
+        const PF_EXITING: u64 = 0x4;
+        !self.is_running() || self.flags & PF_EXITING != 0
     }
 }
 
@@ -54,11 +64,13 @@ pub(super) fn parse_stat(text: &str) -> Option<ProcStat> {
     let state = *fields.first()?.as_bytes().first()?;
     let ppid = fields.get(1)?.parse().ok()?;
     let pgrp = fields.get(2)?.parse().ok()?;
+    let flags = fields.get(6)?.parse().ok()?;
     let start_time = fields.get(19)?.parse().ok()?;
     Some(ProcStat {
         state,
         ppid,
         pgrp,
+        flags,
         start_time,
     })
 }
@@ -552,6 +564,9 @@ mod tests {
         assert_eq!(stat.state, b'S');
         assert_eq!(stat.pgrp, 4000);
         assert_eq!(stat.start_time, 98765);
+        assert!(!stat.is_exiting());
+        let exiting = line.replace(" 4194560 ", " 4194564 ");
+        assert!(parse_stat(&exiting).unwrap().is_exiting());
         assert!(parse_stat("garbage").is_none());
     }
 
@@ -559,6 +574,7 @@ mod tests {
     fn own_stat_is_readable() {
         let stat = proc_stat(std::process::id()).unwrap();
         assert!(stat.is_running());
+        assert!(!stat.is_exiting());
     }
 
     #[test]

@@ -198,9 +198,9 @@ fn open_holder(named: &OsStr, user: bool, every: bool) -> Result<Opened, Failure
 }
 
 impl Opened {
-    /// Whether the holder's PID 1 still runs: its `/proc` entry readable and not a zombie
-    /// (killed, it stays readable until its launcher reaps it, while its namespace already
-    /// takes in no process).
+    /// Whether the holder's PID 1 still runs: its `/proc` entry readable and not exiting
+    /// (killed, it stays readable until its launcher reaps it, and first waits, exiting, for
+    /// the rest of its namespace to die, while the namespace already takes in no process).
     pub(super) fn holder_lives(&self) -> bool {
         let Ok(fd) = open_at(self.entry.as_raw_fd(), "stat", libc::O_RDONLY, 0) else {
             return false;
@@ -209,7 +209,7 @@ impl Opened {
         if File::from(fd).take(4096).read_to_string(&mut stat).is_err() {
             return false;
         }
-        sys::parse_stat(&stat).is_some_and(|s| s.is_running())
+        sys::parse_stat(&stat).is_some_and(|s| !s.is_exiting())
     }
 }
 
