@@ -14,9 +14,12 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
 use super::cgroup::{self, Cgroup};
+use super::holder_start;
+use super::id_range;
 use super::isolation::{self, Isolation, IsolationChoice};
 use super::meta::{
-    self, Meta, MetaError, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TESTS_DIR, TMP_DIR, VERIFIER_DIR,
+    self, Meta, MetaError, PROCS_DIR, ROOT_DIR, STAGING_PREFIX, SYSTEM_DIR, TESTS_DIR, TMP_DIR,
+    TOMB_PREFIX, VERIFIER_DIR,
 };
 use super::netns;
 use super::ns::{Space, NS_DIR};
@@ -24,7 +27,7 @@ use super::pause::{self, Resume, Resumed};
 use super::sandbox::LocalSandbox;
 use super::state::{HostConfig, Mode, SandboxState};
 use super::sys;
-use super::teardown::{self, STAGING_PREFIX, TOMB_PREFIX};
+use super::teardown;
 use crate::sandbox::{
     check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, Network, OnTimeout, PauseKind,
     Paused, Result, RunState, Sandbox, SandboxError, SandboxSummary,
@@ -188,7 +191,7 @@ impl LocalBackend {
             source,
         };
         let now = meta::now_ms() / 1000;
-        let m = Meta {
+        let mut m = Meta {
             id: id.clone(),
             created: now,
             deadline: meta::deadline_after(spec.timeout_secs),
@@ -199,6 +202,7 @@ impl LocalBackend {
             owner_pid: std::process::id(),
             envs: spec.envs.clone(),
             isolation,
+            ids: None,
             timeout: spec.timeout_secs,
             pause_at_deadline: match spec.on_timeout {
                 OnTimeout::Kill => None,
@@ -206,12 +210,39 @@ impl LocalBackend {
             },
             paused: None,
         };
-        let state = self.shared.state_of(&m)?;
-        let owner = state.file_owner();
-        // Built aside and renamed into place, so no reader ever sees half a sandbox.
+        // Built aside and renamed into place, so no reader ever sees half a sandbox. Made
+        // first: a sandbox's id range names it, and is free again once it exists in no form.
         let staging = self.shared.sandboxes.join(format!("{STAGING_PREFIX}{id}"));
+        meta::private_dir(&staging).map_err(|e| io_error("creating the sandbox directory", e))?;
+        let undo = |m: &Meta| {
+            let _ = crate::deep_remove::remove_tree(&staging);
+            if let Some(range) = m.ids {
+                let _ = id_range::release(&self.shared.sandboxes, &m.id, range);
+            }
+        };
+        let wants_range = isolation == Isolation::Bwrap
+            && isolation::probe()
+                .ok()
+                .and_then(holder_start::mapper)
+                .is_some();
+        if wants_range {
+            match id_range::allocate(&self.shared.sandboxes, &id) {
+                Ok(range) => m.ids = Some(range),
+                Err(e) => {
+                    undo(&m);
+                    return Err(io_error("choosing the sandbox's user ids", e));
+                }
+            }
+        }
+        let state = match self.shared.state_of(&m) {
+            Ok(state) => state,
+            Err(e) => {
+                undo(&m);
+                return Err(e);
+            }
+        };
+        let owner = state.file_owner();
         let built = (|| {
-            meta::private_dir(&staging)?;
             for dir in [PROCS_DIR, NS_DIR] {
                 meta::private_dir(&staging.join(dir))?;
             }
@@ -245,7 +276,7 @@ impl LocalBackend {
             fs::rename(&staging, self.shared.sandboxes.join(&id))
         })();
         if let Err(e) = built {
-            let _ = crate::deep_remove::remove_tree(&staging);
+            undo(&m);
             return Err(io_error("creating the sandbox directory", e));
         }
         let state = Arc::new(state);

@@ -9,18 +9,22 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::cgroup::Cgroup;
-use super::enter::Request;
-use super::isolation::{Binds, Bwrap};
+use super::enter::{self, Request, HOST_ROOT_INSIDE, MAP_BLOCK_FD};
+use super::id_range::PROBE_BASE;
+use super::isolation::{Binds, Bwrap, IdRange};
 use super::meta::META_FILE;
 use super::netns;
 use super::ns::{self, Holder, Space};
 use super::spawn::Io;
+use super::spawn::Spawn;
 use super::start_report::read_until;
 use super::sys;
+use crate::sandbox::Role;
 
 /// How long a holder may take to report its namespace.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,7 +45,52 @@ exec >/dev/null 2>&1 9<&- </dev/null
 while [ -e "$m" ]; do sleep 10; done
 kill -KILL 0"#;
 
+/// As root: this program, by path, where a sandbox's holder can run in a user namespace
+/// mapping an id range (the kernel may refuse user namespaces); probed once per process.
+pub(super) fn mapper(bwrap: &Bwrap) -> Option<&'static Path> {
+    static MAPPER: OnceLock<Option<PathBuf>> = OnceLock::new();
+    MAPPER
+        .get_or_init(|| {
+            let exe = std::env::current_exe().ok()?;
+            (bwrap.is_root() && check_mapped(bwrap, &exe).is_ok()).then_some(exe)
+        })
+        .as_deref()
+}
+
+/// Runs `/bin/true` the way a sandbox's first holder starts in its user namespace.
+fn check_mapped(bwrap: &Bwrap, exe: &Path) -> Result<(), String> {
+    let scratch = std::env::temp_dir();
+    let binds = Binds {
+        home: &scratch,
+        tmp: &scratch,
+        system: &scratch,
+        tests: &scratch,
+        verifier: &scratch,
+        passwd: Path::new("/dev/null"),
+        group: Path::new("/dev/null"),
+        shared: &[],
+    };
+    let mut args: Vec<OsString> = enter::mapped(exe, PROBE_BASE).into();
+    let (block_fd, host_root) = (MAP_BLOCK_FD.to_string(), HOST_ROOT_INSIDE.to_string());
+    let mut opts = vec![
+        "--unshare-user",
+        "--userns-block-fd",
+        &block_fd,
+        "--info-fd",
+        "1",
+    ];
+    opts.extend(["--uid", &host_root, "--gid", &host_root]);
+    opts.extend(bwrap.holder_options());
+    opts.push("--unshare-net");
+    args.extend(bwrap.command_line(&binds, Role::Task, &opts).0);
+    args.extend(["--".into(), "/bin/true".into()]);
+    let mut cmd = Spawn::new(&args[0]);
+    cmd.args(&args[1..]).env("PATH", &bwrap.path_env);
+    sys::probe_runs(cmd, "a test sandbox in a user namespace")
+}
+
 /// Starts the holder of `space` (inside `parent` for the task namespace) and records it.
+/// `ids`: the sandbox's id range, whose user namespace a first holder makes (as root).
 pub(super) fn start(
     bwrap: &Bwrap,
     binds: &Binds<'_>,
@@ -49,13 +98,25 @@ pub(super) fn start(
     space: Space,
     parent: Option<&Holder>,
     own_network: bool,
+    ids: Option<IdRange>,
 ) -> io::Result<Holder> {
+    let user_namespace = bwrap.in_user_namespace(ids);
+    // As root with an id range, bwrap and the holder run as the host's root inside the
+    // sandbox's user namespace (see `enter::userns`).
+    let block_fd = MAP_BLOCK_FD.to_string();
+    let host_root = HOST_ROOT_INSIDE.to_string();
+    let mut opts: Vec<&str> = Vec::new();
+    if ids.is_some() && bwrap.is_root() {
+        opts.extend(["--uid", &host_root, "--gid", &host_root]);
+        if parent.is_none() {
+            opts.extend(["--unshare-user", "--userns-block-fd", &block_fd]);
+        }
+    }
     // A nested holder's bwrap joins the parent's PID namespace (and user namespace) by the
     // fds the helper hands it, and makes a PID namespace of its own inside.
-    let mut opts: Vec<&str> = Vec::new();
     match parent {
         Some(_) => {
-            if bwrap.in_user_namespace() {
+            if user_namespace {
                 opts.extend(["--userns", JOINED_USER]);
             }
             opts.extend(["--pidns", JOINED_PID, "--unshare-pid"]);
@@ -83,6 +144,14 @@ pub(super) fn start(
         "sh".into(),
     ]);
     args.push(sandbox_dir.join(META_FILE).into_os_string());
+    // As root with an id range, the first holder's bwrap makes the sandbox's user namespace,
+    // which the helper maps for it (the watcher stays outside, to see `meta.json`).
+    if let (None, Some(range), true) = (parent, ids, bwrap.is_root()) {
+        let mapper = mapper(bwrap).ok_or_else(|| {
+            io::Error::other("user namespaces no longer work here, and this sandbox has one")
+        })?;
+        args.extend(enter::mapped(mapper, range.base));
+    }
     // bwrap reads its options from stdin (`--args 0`), so PID 1's command line, which every
     // process in the namespace can read, names none of the host's paths.
     let mut line = line.0.into_iter();
@@ -106,7 +175,7 @@ pub(super) fn start(
     let request = match parent {
         Some(holder) => Request::Join {
             holder,
-            user_namespace: bwrap.in_user_namespace(),
+            user_namespace,
             argv: &args,
         },
         None => Request::Plain { argv: &args },

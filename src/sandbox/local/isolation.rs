@@ -9,9 +9,12 @@
 //! 1000 (`user`, as on E2B) without capabilities, and get their own network namespace when
 //! the network is locked.
 //!
-//! Run as root, bwrap works without a user namespace, and every process that enters a
-//! sandbox drops to uid 1000 with no capability before it runs (see `enter`), so sandboxed
-//! code never holds host root (which could write `/proc/sys` files it owns). Run as anyone
+//! Run as root, each sandbox gets a user namespace of its own mapping its ids onto a host id
+//! range no one else has (see `id_range`), in which bwrap runs as that namespace's root; every
+//! process that enters a sandbox drops to uid 1000 (host `base + 1000`) with no capability
+//! before it runs (see `enter`), so sandboxed code never holds host root (which could write
+//! `/proc/sys` files it owns), and nothing keyed by a uid crosses sandboxes. Where the kernel
+//! refuses user namespaces, root's sandboxes run without one, as host uid 1000. Run as anyone
 //! else, bwrap makes a user namespace mapping uid 1000 inside to the caller outside.
 //!
 //! The probe that decides whether bwrap works here runs once per wmo-e2b process.
@@ -154,6 +157,22 @@ pub(super) struct Bwrap {
     system_args: Vec<OsString>,
     /// PATH inside the sandbox.
     pub path_env: String,
+}
+
+/// How many ids a sandbox's user namespace maps (as root; see `id_range`).
+pub(super) const RANGE_SIZE: u32 = 65_536;
+
+/// A sandbox's ids on the host, as root: id `n` inside is `base + n` outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdRange {
+    pub base: u32,
+}
+
+impl IdRange {
+    /// The host id of the sandbox's id `inside`.
+    pub fn host(self, inside: u32) -> u32 {
+        self.base + inside.min(RANGE_SIZE - 1)
+    }
 }
 
 /// bwrap as found and tested on this host, or why it cannot be used; probed once per process.
@@ -413,19 +432,22 @@ impl Bwrap {
         }
     }
 
-    /// The uid that owns the verifier's directories on the host (when the host is root).
-    pub fn verifier_owner(&self) -> Option<u32> {
-        self.drops_to(Role::Verify).map(|id| id.uid)
+    /// Whether joining a sandbox's holder means entering its user namespace too: always
+    /// when not root, and as root when the sandbox has an id range.
+    pub fn in_user_namespace(&self, ids: Option<IdRange>) -> bool {
+        self.privilege == Privilege::UserNamespace || ids.is_some()
     }
 
-    /// Whether joining a holder means entering its user namespace too.
-    pub fn in_user_namespace(&self) -> bool {
-        self.privilege == Privilege::UserNamespace
-    }
-
-    /// Whether the host writes files for the sandbox user (and must hand them over).
-    pub fn chowns(&self) -> bool {
+    /// Whether wmo-e2b runs as root (and so writes files for the sandbox user, hands them
+    /// over, and sweeps task namespaces from inside).
+    pub fn is_root(&self) -> bool {
         self.privilege == Privilege::Root
+    }
+
+    /// The host uid that owns what the host writes for a sandbox's `inside` user (as root).
+    pub fn host_owner(&self, ids: Option<IdRange>, inside: u32) -> Option<u32> {
+        self.is_root()
+            .then(|| ids.map_or(inside, |r| r.host(inside)))
     }
 }
 
@@ -461,7 +483,7 @@ fn check(b: &Bwrap) -> Result<(), String> {
         std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
         std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
         let (passwd, group) = write_identity(&scratch).map_err(|e| e.to_string())?;
-        if b.chowns() {
+        if b.is_root() {
             for d in [&home, &tmp] {
                 sys::chown(d, SANDBOX_UID).map_err(|e| e.to_string())?;
             }

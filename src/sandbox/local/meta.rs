@@ -11,10 +11,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::isolation::Isolation;
+use super::isolation::{IdRange, Isolation};
 use super::sys;
 use crate::sandbox::{Metadata, OnTimeout, PauseKind, Role};
 
+/// A sandbox being killed: `.dead-<id>-<rand>` (see `teardown`).
+pub(super) const TOMB_PREFIX: &str = ".dead-";
+/// A sandbox being created: `.new-<id>`.
+pub(super) const STAGING_PREFIX: &str = ".new-";
 pub(super) const ID_PREFIX: &str = "lsb-";
 pub(super) const META_FILE: &str = "meta.json";
 pub(super) const ROOT_DIR: &str = "root";
@@ -60,6 +64,10 @@ pub(super) struct Meta {
     /// How its processes are confined (fixed at create).
     #[serde(default)]
     pub isolation: Isolation,
+    /// As root under bwrap: the host ids its user namespace maps (see `id_range`); `None`
+    /// for sandboxes without one (made without root, or before ranges existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<IdRange>,
     /// Seconds of life it was created with, which a resume gives it again.
     #[serde(default)]
     pub timeout: u64,
@@ -359,6 +367,7 @@ mod tests {
             owner_pid: 7,
             envs: vec![("A".into(), "b".into())],
             isolation: Isolation::Bwrap,
+            ids: Some(IdRange { base: 1 << 30 }),
             timeout: 30,
             pause_at_deadline: Some(PauseMode::Filesystem),
             paused: Some(PausedRecord {

@@ -41,6 +41,7 @@
 //! isolation     bwrap: found, probed, its command lines
 //! cgroup        a sandbox's control groups: made, limited, counted, removed
 //! meta          on-disk records: meta.json, procs/<pid>, ids
+//! id_range      the host ids of a sandbox's user namespace (as root)
 //! ns            namespace holders: their records, and killing them
 //! enter         starting a process in a holder's namespaces through a helper
 //! netns         a sandbox's own network namespace and its user-mode network stack
@@ -67,6 +68,7 @@ pub mod confined;
 mod enter;
 mod freeze;
 mod holder_start;
+mod id_range;
 pub mod isolation;
 mod limit_watch;
 mod meta;

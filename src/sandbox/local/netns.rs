@@ -50,9 +50,7 @@ kill -KILL 0"#;
 pub(super) fn unavailable(bwrap: Option<&Bwrap>) -> Option<String> {
     match bwrap {
         None => Some("--network internet needs --isolation bwrap".into()),
-        Some(b) if b.in_user_namespace() => {
-            Some("--network internet needs wmo-e2b to run as root".into())
-        }
+        Some(b) if !b.is_root() => Some("--network internet needs wmo-e2b to run as root".into()),
         Some(_) if !sys::program(TOOL).is_absolute() => Some(format!(
             "--network internet needs {TOOL} (Debian: apt-get install {TOOL})"
         )),

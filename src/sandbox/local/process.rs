@@ -93,7 +93,7 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
             let argv: Vec<&str> = argv.iter().copied().chain([l.cmd]).collect();
             let mut c = Request::Enter {
                 holder: &holder,
-                user_namespace: bwrap.in_user_namespace(),
+                user_namespace: bwrap.in_user_namespace(state.ids),
                 drop_to: bwrap.drops_to(l.role),
                 own_network: !state.internet(),
                 cwd: &l.cwd,

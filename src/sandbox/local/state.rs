@@ -13,7 +13,8 @@ use std::thread::JoinHandle;
 
 use super::confined::Beneath;
 use super::isolation::{
-    self, Binds, Bwrap, Isolation, BWRAP_HOME, BWRAP_SYSTEM, BWRAP_TMP, SANDBOX_UID,
+    self, Binds, Bwrap, IdRange, Isolation, BWRAP_HOME, BWRAP_SYSTEM, BWRAP_TMP, SANDBOX_UID,
+    VERIFIER_UID,
 };
 use super::limit_watch::LimitState;
 use super::meta::{self, DirLock, Meta, MetaError, META_FILE, ROOT_DIR, SYSTEM_DIR, TMP_DIR};
@@ -59,6 +60,8 @@ pub(super) struct SandboxState {
     pub dir: PathBuf,
     pub sandboxes: PathBuf,
     pub mode: Mode,
+    /// The host ids its user namespace maps, as root (see `id_range`).
+    pub ids: Option<IdRange>,
     /// `home()` and `system_dir()` as the sandbox's processes see them.
     pub home: String,
     pub system: String,
@@ -143,6 +146,7 @@ impl SandboxState {
             dir,
             sandboxes: sandboxes.to_path_buf(),
             mode,
+            ids: meta.ids,
             home,
             system,
             mounts,
@@ -180,9 +184,18 @@ impl SandboxState {
 
     /// The uid that host-made files are handed to (when the host is root under bwrap).
     pub fn file_owner(&self) -> Option<u32> {
+        self.host_owner(SANDBOX_UID)
+    }
+
+    /// The uid that owns the verifier's directories on the host (when the host is root).
+    pub fn verifier_owner(&self) -> Option<u32> {
+        self.host_owner(VERIFIER_UID)
+    }
+
+    fn host_owner(&self, inside: u32) -> Option<u32> {
         match self.mode {
-            Mode::Bwrap(b) if b.chowns() => Some(SANDBOX_UID),
-            _ => None,
+            Mode::Bwrap(b) => b.host_owner(self.ids, inside),
+            Mode::None => None,
         }
     }
 

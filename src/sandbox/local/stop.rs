@@ -50,7 +50,7 @@ pub(super) fn stop_agent(state: &Arc<SandboxState>, runner_too: bool) -> Result<
         }
         // As root the holder's own processes are root's and the task's are not, so the task
         // namespace can be swept from inside and kept: the verifier needs no new one.
-        Mode::Bwrap(bwrap) if !bwrap.in_user_namespace() => {
+        Mode::Bwrap(bwrap) if bwrap.is_root() => {
             let holder = state.holder(Space::Task)?;
             sys::probe_runs(Request::Sweep { holder: &holder }.command(&[]), "the sweep")
                 .map_err(|why| unclean(format!("sweeping its task namespace: {why}")))?;
@@ -119,10 +119,7 @@ fn end_every_process(
 /// the agent could have put there (in a user namespace it shares the verifier's uid) is left.
 pub(super) fn ready_verifier(state: &SandboxState) -> io::Result<()> {
     clear_verifier(state)?;
-    let owner = match state.mode {
-        Mode::Bwrap(b) => b.verifier_owner(),
-        Mode::None => None,
-    };
+    let owner = state.verifier_owner();
     make_dir(&state.verifier, 0o755, None)?;
     for sub in ["home", "tmp"] {
         make_dir(&state.verifier.join(sub), 0o700, owner)?;

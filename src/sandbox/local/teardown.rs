@@ -15,15 +15,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::cgroup::Cgroup;
-use super::meta::{self, ProcRecord, PROCS_DIR};
+use super::id_range;
+use super::meta::{self, ProcRecord, PROCS_DIR, TOMB_PREFIX};
 use super::ns;
 use super::proc_table::{ProcTable, KILL_WAIT};
 use super::sys;
 use crate::sandbox::{Result, SandboxError};
 use crate::sync::lock;
-
-pub(super) const TOMB_PREFIX: &str = ".dead-";
-pub(super) const STAGING_PREFIX: &str = ".new-";
 
 /// Moves the sandbox `id` out of sight. Fails with NotFound when it is already gone.
 pub(super) fn bury(sandboxes: &Path, id: &str) -> io::Result<PathBuf> {
@@ -43,6 +41,13 @@ pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) ->
     // kill above is killed there). A cgroup left behind is the next sweep's.
     if let Some(cgroup) = Cgroup::of(tomb) {
         let _ = cgroup.remove();
+    }
+    // Its ids may serve another sandbox now that nothing of this one runs. Left taken when
+    // unreadable: the slot is freed once the tombstone is gone (see `id_range`).
+    if let (Some(sandboxes), Ok(m)) = (tomb.parent(), meta::read_meta(tomb)) {
+        if let Some(range) = m.ids {
+            let _ = id_range::release(sandboxes, id, range);
+        }
     }
     // Best effort: nothing runs any more, and a leftover tombstone is removed by the next sweep.
     // The task wrote the tree, so it may be of any depth: `deep_remove` never recurses.

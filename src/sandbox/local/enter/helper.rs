@@ -105,6 +105,15 @@ fn serve(args: &[OsString]) -> Result<Never, Failure> {
             only_stdio().map_err(cannot_enter)?;
             exec(rest)
         }
+        b"map" => {
+            let [base, argv @ ..] = rest else {
+                return Err(bad());
+            };
+            let base = base.to_str().and_then(|b| b.parse().ok()).ok_or_else(bad)?;
+            only_stdio().map_err(cannot_enter)?;
+            super::userns::map_for_bwrap(base)?;
+            exec(argv)
+        }
         b"join" => {
             let [holder, user, argv @ ..] = rest else {
                 return Err(bad());

@@ -19,8 +19,11 @@
 //! - **join**: open a holder's PID namespace (and user namespace) as fd 10 (and 11) and exec
 //!   the rest with them: a nested holder's bwrap, which joins them itself (`--pidns 10`).
 //! - **plain**: exec the rest.
-//! - **sweep**: kill every process of a holder's PID namespace that is not root's, from inside
-//!   it, and prove them gone (`sweep`).
+//! - **map**: exec the rest (a sandbox's first holder's bwrap, as root with an id range)
+//!   with a child that maps the user namespace bwrap makes (`userns`, `id_range`). Started
+//!   by path from the holder's watcher shell, which stays the host's.
+//! - **sweep**: kill every process of a holder's PID namespace that is not root's, from
+//!   inside it, and prove them gone (`sweep`).
 //!
 //! A holder's pid is checked to still name that holder after its namespaces are opened,
 //! through the same `/proc` entry, so a recycled pid never puts a process in someone else's
@@ -33,5 +36,7 @@
 mod helper;
 mod request;
 mod sweep;
+mod userns;
 
-pub(super) use request::Request;
+pub(super) use request::{mapped, Request};
+pub(super) use userns::{HOST_ROOT_INSIDE, MAP_BLOCK_FD};

@@ -38,6 +38,20 @@ pub(in crate::sandbox::local) enum Request<'a> {
     Sweep { holder: &'a Holder },
 }
 
+/// What the holder's watcher shell runs before `argv`, as root, for a sandbox with an id
+/// range: this program as the helper, which leaves bwrap a child that maps the user
+/// namespace bwrap makes (see `userns`), and execs `argv`. By path: the shell is no child of
+/// ours.
+pub(in crate::sandbox::local) fn mapped(program: &std::path::Path, base: u32) -> [OsString; 4] {
+    std::hint::black_box(&HELPER_HOOK);
+    [
+        program.as_os_str().to_owned(),
+        REQUEST.into(),
+        "map".into(),
+        base.to_string().into(),
+    ]
+}
+
 impl Request<'_> {
     /// The helper's command for this request: it inherits no variable of ours (`Plain` and
     /// `Join` pass `env` on to their program; `Enter` sets the command's own).

@@ -1,6 +1,8 @@
 //! The sweep request's side in the helper: from inside a task PID namespace, as root with
 //! `CAP_KILL` alone, it kills every process that is not root's until a look finds none (see
 //! `stop`). No task process can signal or trace it: they are not root, and it never execs.
+//! It reads ids as the host numbers them: in a sandbox with a user namespace the holders are
+//! still the host's root there, and task processes are ids of the sandbox's range.
 
 use std::fs::File;
 use std::io::{self, Read};

@@ -72,6 +72,7 @@ impl SandboxState {
             space,
             parent.as_ref(),
             self.own_network,
+            self.ids,
         )
         .map_err(|e| self.io_error("starting the sandbox's namespace", e))?;
         if self.own_network && space == Space::Sandbox {
