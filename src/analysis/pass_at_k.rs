@@ -145,6 +145,9 @@ mod tests {
         assert!(close(estimate(5, 2, 2), 1.0 - 3.0 / 10.0));
         assert!(close(estimate(5, 2, 3), 1.0 - 1.0 / 10.0));
         assert_eq!(estimate(5, 2, 4), Some(1.0));
+        // More passes than draws: the product over the k draws.
+        assert!(close(estimate(10, 5, 2), 1.0 - 10.0 / 45.0));
+        assert!(close(estimate(10, 7, 2), 1.0 - 3.0 / 45.0));
         // One pass in three.
         assert!(close(estimate(3, 1, 1), 1.0 / 3.0));
         assert!(close(estimate(3, 1, 2), 2.0 / 3.0));
