@@ -173,6 +173,42 @@ mod tests {
         assert!((p - 0.75).abs() < 1e-6, "{p}");
     }
 
+    fn records(lines: &[(&str, u32, &str)]) -> Vec<Record> {
+        lines
+            .iter()
+            .map(|(id, attempt, status)| {
+                serde_json::from_value(serde_json::json!({
+                    "id": id, "attempt": attempt, "status": status, "stop_reason": "submit",
+                }))
+                .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_task_short_of_k_judged_attempts_leaves_the_mean_at_k() {
+        let p = pass_at_k(&records(&[
+            ("full", 1, "passed"),
+            ("full", 2, "failed"),
+            ("short", 1, "failed"),
+            ("short", 2, "cancelled"),
+        ]))
+        .unwrap();
+        let short = p.tasks.iter().find(|t| t.id == "short").unwrap();
+        assert_eq!(
+            (short.n, short.c, &short.pass_at[..]),
+            (1, 0, &[Some(0.0), None][..])
+        );
+        assert_eq!((p.overall[0].value, p.overall[0].tasks), (Some(0.25), 2));
+        assert_eq!((p.overall[1].value, p.overall[1].tasks), (Some(1.0), 1));
+    }
+
+    #[test]
+    fn one_attempt_has_no_pass_at_k() {
+        assert_eq!(pass_at_k(&records(&[("a", 1, "passed")])), None);
+        assert_eq!(pass_at_k(&[]), None);
+    }
+
     #[test]
     fn undefined_past_n() {
         assert_eq!(estimate(3, 1, 4), None);
