@@ -305,3 +305,62 @@ fn a_run_of_one_attempt_reads_as_before() {
         "{shown}"
     );
 }
+
+#[test]
+fn a_tasks_attempts_share_its_shard_and_merge_back() {
+    let env = Env::new();
+    let ids = ["p", "q", "r", "s", "t", "u"];
+    let tasks = env.write_tasks(&passing(&ids));
+    for shard in ["0/2", "1/2"] {
+        let o = env.eval(&tasks, &["--attempts", "2", "--shard", shard, "-j", "3"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    let in_shard = |i: u32| {
+        attempts_of(&support::results_in(
+            &env.out().join(format!("shard-{i}-of-2")),
+        ))
+    };
+    let (zero, one) = (in_shard(0), in_shard(1));
+    for id in ids {
+        let here = |m: &BTreeMap<(String, u64), usize>| {
+            (1..=2)
+                .filter(|&a| m.contains_key(&(id.to_string(), a)))
+                .count()
+        };
+        assert!(
+            (here(&zero), here(&one)) == (2, 0) || (here(&zero), here(&one)) == (0, 2),
+            "{id}: {zero:?} {one:?}"
+        );
+    }
+    let out = env.out();
+    let r = report_json(&env, &[out.to_str().unwrap()]);
+    assert_eq!(r.summary.tasks, 12, "{:?}", r.summary);
+    assert!(r.notes.is_empty(), "{:?}", r.notes);
+    let p = r.summary.pass_at_k.expect("pass@k");
+    assert_eq!((p.k, p.tasks.len()), (2, 6));
+    assert!(p.tasks.iter().all(|t| (t.n, t.c) == (2, 2)), "{p:?}");
+
+    let atif = env.path("atif");
+    let o = report(
+        &env,
+        &[out.to_str().unwrap(), "--atif", atif.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for id in ids {
+        assert!(atif.join(format!("{id}.json")).is_file(), "{id}");
+        assert!(atif.join(format!("attempt-2/{id}.json")).is_file(), "{id}");
+    }
+    // The page has a row per attempt, each with its own conversation.
+    let page = env.path("report.html");
+    let o = report(
+        &env,
+        &[out.to_str().unwrap(), "--html", page.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert_eq!(html.matches(r#""attempt":2"#).count(), 6);
+    assert!(
+        !html.contains("no transcript"),
+        "a later attempt lost its transcript"
+    );
+}
