@@ -173,9 +173,11 @@ fn draw(
             format!(" · longest {name} {}", clock(secs))
         })
         .unwrap_or_default();
+    // Several attempts per task: the counts are of attempts, and say so.
+    let unit = if per_task > 1 { " attempts" } else { "" };
     let _ = write!(
         out,
-        "\r\x1b[2K[{}/{}] passed {} · failed {} · errors {} · running {}{eta}{longest}",
+        "\r\x1b[2K[{}/{}{unit}] passed {} · failed {} · errors {} · running {}{eta}{longest}",
         done,
         total,
         c.passed,
@@ -327,6 +329,33 @@ mod tests {
     use super::*;
 
     const HOSTILE: &str = "t\x1b[2J\x1b]0;pwned\x07\u{202e}";
+
+    #[test]
+    fn the_progress_line_counts_attempts_when_there_are_several() {
+        let running = HashMap::from([(("t".to_string(), 2), Instant::now())]);
+        let line = |per_task| {
+            let mut out = Vec::new();
+            draw(
+                &mut out,
+                36,
+                &Tally::default(),
+                &running,
+                Instant::now(),
+                per_task,
+            );
+            String::from_utf8(out).unwrap()
+        };
+        let several = line(3);
+        assert!(
+            several.contains("[0/36 attempts]") && several.contains("longest t #2 "),
+            "{several}"
+        );
+        let one = line(1);
+        assert!(
+            one.contains("[0/36]") && one.contains("longest t "),
+            "{one}"
+        );
+    }
 
     #[test]
     fn the_progress_line_writes_no_escape_but_its_own() {
