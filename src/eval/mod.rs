@@ -248,9 +248,9 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     }
     let writer = ResultsWriter::open(&run.out_dir.join("results.jsonl"))?;
     let control = &run.control;
-    let work = run.attempts.work(run.tasks);
+    let pending = run.attempts.pending(run.tasks);
     control.emit(EvalEvent::RunStarted {
-        total: work.len(),
+        total: pending,
         skipped: run.skipped,
         attempts: run.attempts.per_task(),
         jobs: run.jobs,
@@ -265,7 +265,7 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
             source,
         })?;
     let summary = Mutex::new(EvalSummary {
-        total: work.len(),
+        total: pending,
         tasks: run.tasks.len(),
         attempts: run.attempts.per_task(),
         skipped: run.skipped,
@@ -334,8 +334,13 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
         // have idle workers spin (measurably, at hundreds of workers) looking for it.
         let next = AtomicUsize::new(0);
         workers.broadcast(|_| {
-            while let Some(w) = work.get(next.fetch_add(1, Ordering::Relaxed)) {
-                run_work(w);
+            while let Some(slot) = run
+                .attempts
+                .slot(run.tasks, next.fetch_add(1, Ordering::Relaxed))
+            {
+                if let Some(work) = slot {
+                    run_work(&work);
+                }
             }
         });
         all_done.store(true, Ordering::Release);

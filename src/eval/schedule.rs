@@ -67,16 +67,25 @@ impl AttemptPlan {
             .map_or(0, |a| a.range(1..=self.per_task).count())
     }
 
-    /// Every attempt to run, task by task in the list's order.
-    pub fn work<'a>(&'a self, tasks: &'a TaskList) -> Vec<Work<'a>> {
+    /// How many attempts of `tasks` are still to run.
+    pub fn pending(&self, tasks: &TaskList) -> usize {
         tasks
             .entries()
             .iter()
-            .flat_map(|entry| {
-                self.missing(&entry.id)
-                    .map(move |attempt| Work { entry, attempt })
-            })
-            .collect()
+            .map(|e| self.missing(&e.id).count())
+            .sum()
+    }
+
+    /// Slot `i` of the run, task by task in the list's order with a task's K attempts side
+    /// by side: `None` past the last, `Some(None)` for an attempt already finished. Workers
+    /// count through the slots, so the schedule is never held whole (K times a tasks file
+    /// of any size).
+    pub fn slot<'a>(&self, tasks: &'a TaskList, i: usize) -> Option<Option<Work<'a>>> {
+        let k = self.per_task as usize;
+        let entry = tasks.entries().get(i / k)?;
+        // `i % k` < K <= MAX_ATTEMPTS, so it fits.
+        let attempt = (i % k) as u32 + 1;
+        Some((!self.is_finished(&entry.id, attempt)).then_some(Work { entry, attempt }))
     }
 }
 
@@ -99,6 +108,23 @@ mod tests {
         assert_eq!(plan.missing("new").collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(plan.finished_count("a"), 2);
         assert_eq!(plan.finished_count("b"), 3);
+    }
+
+    #[test]
+    fn slots_go_task_by_task_and_skip_what_is_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tasks.jsonl");
+        let line = |id: &str| format!(r#"{{"id": "{id}", "instruction": "x"}}"#);
+        std::fs::write(&path, [line("a"), line("b")].join("\n") + "\n").unwrap();
+        let tasks = TaskList::index_where(&path, |_| true).unwrap();
+        let plan = AttemptPlan::new(2, finished(&[("a", &[2])]));
+        let slots: Vec<Option<(String, u32)>> = (0..)
+            .map_while(|i| plan.slot(&tasks, i))
+            .map(|w| w.map(|w| (w.entry.id.clone(), w.attempt)))
+            .collect();
+        let some = |id: &str, a| Some((id.to_string(), a));
+        assert_eq!(slots, [some("a", 1), None, some("b", 1), some("b", 2)]);
+        assert_eq!(plan.pending(&tasks), 3);
     }
 
     #[test]
