@@ -32,8 +32,10 @@ pub enum ReportMode {
 pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
     let started = Instant::now();
     let mut total = 0;
+    let mut per_task = 1;
     let mut tally = Tally::default();
-    let mut running: HashMap<String, Instant> = HashMap::new();
+    // By task and attempt: two attempts of one task may run at once.
+    let mut running: HashMap<(String, u32), Instant> = HashMap::new();
     let mut records = Vec::new();
     let mut drawn = false;
     let stderr = std::io::stderr();
@@ -43,7 +45,14 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => {
                 if mode == ReportMode::Progress {
-                    draw(&mut stderr.lock(), total, &tally, &running, started);
+                    draw(
+                        &mut stderr.lock(),
+                        total,
+                        &tally,
+                        &running,
+                        started,
+                        per_task,
+                    );
                     drawn = true;
                 }
                 continue;
@@ -58,9 +67,14 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
             }
         }
         match event {
-            EvalEvent::RunStarted { total: n, .. } => total = n,
-            EvalEvent::TaskStarted { id } => {
-                running.insert(id, Instant::now());
+            EvalEvent::RunStarted {
+                total: n, attempts, ..
+            } => {
+                total = n;
+                per_task = attempts;
+            }
+            EvalEvent::TaskStarted { id, attempt } => {
+                running.insert((id, attempt), Instant::now());
             }
             EvalEvent::TaskRetrying {
                 id,
@@ -79,10 +93,10 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
                 }
             }
             EvalEvent::TaskFinished { record } => {
-                running.remove(&record.id);
+                running.remove(&(record.id.clone(), record.attempt));
                 tally.add(record.status);
                 if mode == ReportMode::Lines {
-                    let _ = writeln!(stderr.lock(), "{}", task_line(&record));
+                    let _ = writeln!(stderr.lock(), "{}", task_line(&record, per_task));
                 }
                 records.push(*record);
             }
@@ -138,8 +152,9 @@ fn draw(
     out: &mut impl Write,
     total: usize,
     c: &Tally,
-    running: &HashMap<String, Instant>,
+    running: &HashMap<(String, u32), Instant>,
     started: Instant,
+    per_task: u32,
 ) {
     let elapsed = started.elapsed().as_secs_f64();
     let done = c.done();
@@ -152,14 +167,17 @@ fn draw(
     let longest = running
         .iter()
         .max_by_key(|(_, t)| std::cmp::Reverse(**t))
-        .map(|(id, t)| {
+        .map(|((id, attempt), t)| {
             let secs = t.elapsed().as_secs_f64();
-            format!(" · longest {} {}", escape(id), clock(secs))
+            let name = task_name(id, *attempt, per_task);
+            format!(" · longest {name} {}", clock(secs))
         })
         .unwrap_or_default();
+    // Several attempts per task: the counts are of attempts, and say so.
+    let unit = if per_task > 1 { " attempts" } else { "" };
     let _ = write!(
         out,
-        "\r\x1b[2K[{}/{}] passed {} · failed {} · errors {} · running {}{eta}{longest}",
+        "\r\x1b[2K[{}/{}{unit}] passed {} · failed {} · errors {} · running {}{eta}{longest}",
         done,
         total,
         c.passed,
@@ -175,11 +193,20 @@ fn clock(secs: f64) -> String {
     format!("{}:{:02}", s / 60, s % 60)
 }
 
-fn task_line(r: &TaskRecord) -> String {
+/// A task as a line names it: with its attempt when there are several.
+fn task_name(id: &str, attempt: u32, per_task: u32) -> String {
+    if per_task > 1 {
+        format!("{} #{attempt}", escape(id))
+    } else {
+        escape(id).into_owned()
+    }
+}
+
+fn task_line(r: &TaskRecord, per_task: u32) -> String {
     let mut line = format!(
         "{:<9} {} ({}, {} turns, {:.1}s)",
         r.status.as_str(),
-        escape(&r.id),
+        task_name(&r.id, r.attempt, per_task),
         r.stop_reason,
         r.turns,
         r.timings.acquire + r.timings.episode + r.timings.verify
@@ -210,10 +237,11 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
         .iter()
         .filter(|r| records.len() <= FULL_TABLE || r.status != Status::Passed)
         .collect();
-    rows.sort_by(|a, b| a.id.cmp(&b.id));
+    rows.sort_by(|a, b| (&a.id, a.attempt).cmp(&(&b.id, b.attempt)));
+    let name = |r: &TaskRecord| task_name(&r.id, r.attempt, summary.attempts);
     let width = rows
         .iter()
-        .map(|r| escape(&r.id).chars().count())
+        .map(|r| name(r).chars().count())
         .max()
         .unwrap_or(4)
         .clamp(4, 40);
@@ -227,7 +255,7 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
             let secs = r.timings.acquire + r.timings.episode + r.timings.verify;
             out.push_str(&format!(
                 "{:<width$}  {:<9}  {:<16}  {:>5}  {:>7.1}  {}\n",
-                escape(&r.id),
+                name(r),
                 r.status.as_str(),
                 r.stop_reason,
                 r.turns,
@@ -240,13 +268,14 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
         }
         out.push('\n');
     }
+    let counted = if summary.attempts > 1 {
+        format!("{} tasks × {} attempts", summary.tasks, summary.attempts)
+    } else {
+        format!("{} tasks", summary.total)
+    };
     out.push_str(&format!(
-        "{} tasks: {} passed, {} failed, {} errors, {} cancelled",
-        summary.total,
-        summary.tally.passed,
-        summary.tally.failed,
-        summary.tally.errors,
-        summary.tally.cancelled
+        "{counted}: {} passed, {} failed, {} errors, {} cancelled",
+        summary.tally.passed, summary.tally.failed, summary.tally.errors, summary.tally.cancelled
     ));
     if summary.tally.over_budget > 0 {
         out.push_str(&format!(
@@ -258,8 +287,13 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
         out.push_str(&format!(", {} not run", summary.not_run));
     }
     if summary.skipped > 0 {
+        let what = if summary.attempts > 1 {
+            " attempts"
+        } else {
+            ""
+        };
         out.push_str(&format!(
-            " ({} skipped as already finished)",
+            " ({}{what} skipped as already finished)",
             summary.skipped
         ));
     }
@@ -297,10 +331,37 @@ mod tests {
     const HOSTILE: &str = "t\x1b[2J\x1b]0;pwned\x07\u{202e}";
 
     #[test]
+    fn the_progress_line_counts_attempts_when_there_are_several() {
+        let running = HashMap::from([(("t".to_string(), 2), Instant::now())]);
+        let line = |per_task| {
+            let mut out = Vec::new();
+            draw(
+                &mut out,
+                36,
+                &Tally::default(),
+                &running,
+                Instant::now(),
+                per_task,
+            );
+            String::from_utf8(out).unwrap()
+        };
+        let several = line(3);
+        assert!(
+            several.contains("[0/36 attempts]") && several.contains("longest t #2 "),
+            "{several}"
+        );
+        let one = line(1);
+        assert!(
+            one.contains("[0/36]") && one.contains("longest t "),
+            "{one}"
+        );
+    }
+
+    #[test]
     fn the_progress_line_writes_no_escape_but_its_own() {
-        let running = HashMap::from([(HOSTILE.to_string(), Instant::now())]);
+        let running = HashMap::from([((HOSTILE.to_string(), 1), Instant::now())]);
         let mut out = Vec::new();
-        draw(&mut out, 3, &Tally::default(), &running, Instant::now());
+        draw(&mut out, 3, &Tally::default(), &running, Instant::now(), 1);
         let line = String::from_utf8(out).unwrap();
         let own = line.strip_prefix("\r\x1b[2K").unwrap();
         assert!(!own.chars().any(crate::terminal::is_unsafe), "{own:?}");

@@ -146,6 +146,7 @@ fn a_task_whose_handling_panics_ends_as_error_its_sandbox_killed_and_the_run_goe
         resume: false,
         shard: None,
         harness: "builtin".into(),
+        attempts: 1,
     })
     .unwrap();
     let backend = LocalBackend::open(&env.home()).unwrap();
@@ -166,6 +167,7 @@ fn a_task_whose_handling_panics_ends_as_error_its_sandbox_killed_and_the_run_goe
     let summary = eval::run(&EvalRun {
         tasks: &plan.tasks,
         skipped: 0,
+        attempts: &plan.attempts,
         out_dir: &plan.out_dir,
         // One worker: `c` runs after `boom`, so the pool it sees is what `boom` left.
         jobs: 1,

@@ -20,6 +20,7 @@ use super::lines::{each_line, Line};
 use super::load::Record;
 use super::merge::Run;
 use super::{AnalysisError, Note, MAX_TRANSCRIPT_BYTES};
+use crate::eval::schedule::FIRST_ATTEMPT;
 
 pub const SCHEMA_VERSION: &str = "ATIF-v1.8";
 
@@ -479,23 +480,25 @@ pub fn write_all(run: &Run, out: &Path, notes: &mut Vec<Note>) -> Result<usize, 
         path: out.to_path_buf(),
         source,
     })?;
-    let mut todo: Vec<(String, PathBuf, Option<&Record>)> = Vec::new();
+    let mut todo: Vec<(String, u32, PathBuf, Option<&Record>)> = Vec::new();
     let mut ids: BTreeSet<&str> = BTreeSet::new();
     for (r, &s) in run.records.iter().zip(&run.shard_of) {
-        ids.insert(&r.id);
-        if let Some(p) = run.shards[s].transcripts.get(&r.id) {
-            todo.push((r.id.clone(), p.clone(), Some(r)));
+        if r.attempt == FIRST_ATTEMPT {
+            ids.insert(&r.id);
+        }
+        if let Some(p) = run.shards[s].transcript(&r.id, r.attempt) {
+            todo.push((r.id.clone(), r.attempt, p.clone(), Some(r)));
         }
     }
     for shard in &run.shards {
         for (id, p) in &shard.transcripts {
             if ids.insert(id) {
-                todo.push((id.clone(), p.clone(), None));
+                todo.push((id.clone(), FIRST_ATTEMPT, p.clone(), None));
             }
         }
     }
     let mut written = 0;
-    for (id, transcript, record) in todo {
+    for (id, attempt, transcript, record) in todo {
         if !safe_name(&id) {
             notes.push(Note::NoTrajectory {
                 id,
@@ -520,11 +523,18 @@ pub fn write_all(run: &Run, out: &Path, notes: &mut Vec<Note>) -> Result<usize, 
             });
             continue;
         }
-        let path = out.join(format!("{id}.json"));
+        // Later attempts' beside the first's, as their transcripts are.
+        let dir = if attempt == FIRST_ATTEMPT {
+            out.to_path_buf()
+        } else {
+            out.join(format!("attempt-{attempt}"))
+        };
+        let path = dir.join(format!("{id}.json"));
         let write_err = |source| AnalysisError::Write {
             path: path.clone(),
             source,
         };
+        std::fs::create_dir_all(&dir).map_err(write_err)?;
         let file = std::fs::File::create(&path).map_err(write_err)?;
         let mut w = BufWriter::new(file);
         serde_json::to_writer(&mut w, &t)

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::load::Record;
 use super::merge::Run;
 use super::stats::Summary;
+use crate::eval::schedule::FIRST_ATTEMPT;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
@@ -29,6 +30,17 @@ pub struct Comparison {
     /// Median per-task seconds.
     pub task_seconds_p50: Delta,
     pub wall_seconds: Delta,
+    /// pass@1 … pass@k for k up to the smaller K of the two, when both made several
+    /// attempts per task.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pass_at_k: Vec<PassAtDelta>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PassAtDelta {
+    pub k: u32,
+    #[serde(flatten)]
+    pub delta: Delta,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -64,20 +76,23 @@ fn verdict(r: &Record) -> String {
     format!("{}/{}", r.status, r.stop_reason)
 }
 
-pub fn compare(
-    current: &Run,
+pub fn compare<'a>(
+    current: &'a Run,
     now: &Summary,
-    baseline: &Run,
+    baseline: &'a Run,
     base: &Summary,
     baseline_dirs: Vec<String>,
 ) -> Comparison {
-    let before: BTreeMap<&str, &Record> = baseline
-        .records
-        .iter()
-        .map(|r| (r.id.as_str(), r))
-        .collect();
-    let after: BTreeMap<&str, &Record> =
-        current.records.iter().map(|r| (r.id.as_str(), r)).collect();
+    // Verdicts flip between first attempts; pass@k compares all of them.
+    let firsts = |run: &'a Run| -> BTreeMap<&'a str, &'a Record> {
+        run.records
+            .iter()
+            .filter(|r| r.attempt == FIRST_ATTEMPT)
+            .map(|r| (r.id.as_str(), r))
+            .collect()
+    };
+    let before = firsts(baseline);
+    let after = firsts(current);
     let mut now_failing = Vec::new();
     let mut now_passing = Vec::new();
     for (id, a) in &after {
@@ -118,5 +133,19 @@ pub fn compare(
             now.task_seconds.map(|p| p.p50),
         ),
         wall_seconds: Delta::of(base.wall_seconds, now.wall_seconds),
+        pass_at_k: pass_at_deltas(base, now),
     }
+}
+
+/// pass@k of both runs for k up to the smaller K; none unless both have several attempts.
+fn pass_at_deltas(base: &Summary, now: &Summary) -> Vec<PassAtDelta> {
+    let (Some(b), Some(n)) = (&base.pass_at_k, &now.pass_at_k) else {
+        return Vec::new();
+    };
+    (1..=b.k.min(n.k))
+        .map(|k| PassAtDelta {
+            k,
+            delta: Delta::of(b.at(k), n.at(k)),
+        })
+        .collect()
 }

@@ -23,6 +23,7 @@ use super::merge::Run;
 use super::plots;
 use super::stats::Percentiles;
 use super::{AnalysisError, Report};
+use crate::eval::schedule::FIRST_ATTEMPT;
 
 const SCRIPT: &str = include_str!("html.js");
 const STYLE: &str = include_str!("html.css");
@@ -93,13 +94,23 @@ fn page(
     w.write_all(TABLE.as_bytes())?;
     let flips = flips(report.compare.as_ref());
     let base_transcripts = baseline.map(transcripts_by_id).unwrap_or_default();
+    // Runs are compared on first attempts (pass@k compares them all).
     let base_records: BTreeMap<&str, &Record> = baseline
-        .map(|b| b.records.iter().map(|r| (r.id.as_str(), r)).collect())
+        .map(|b| {
+            b.records
+                .iter()
+                .filter(|r| r.attempt == FIRST_ATTEMPT)
+                .map(|r| (r.id.as_str(), r))
+                .collect()
+        })
         .unwrap_or_default();
     let mut rows = Vec::with_capacity(run.records.len());
     let mut with_base = Vec::new();
     for (r, &s) in run.records.iter().zip(&run.shard_of) {
-        let flip = flips.get(r.id.as_str()).copied();
+        let flip = flips
+            .get(r.id.as_str())
+            .copied()
+            .filter(|_| r.attempt == FIRST_ATTEMPT);
         let base = flip.and_then(|_| base_transcripts.get(r.id.as_str()).copied());
         with_base.push(base);
         let mut v = row(r, &run.shards[s].label, flip, base.is_some());
@@ -114,7 +125,7 @@ fn page(
         script_json(&Value::Array(rows).to_string())
     )?;
     for (i, (r, &s)) in run.records.iter().zip(&run.shard_of).enumerate() {
-        let conv = match run.shards[s].transcripts.get(&r.id) {
+        let conv = match run.shards[s].transcript(&r.id, r.attempt) {
             Some(p) => conversation(&r.id, p, Some(r)).unwrap_or_else(|e| {
                 json!({"error": crate::errors::error_chain(&e), "verdict": super::conversation::verdict(r)})
             }),
@@ -158,6 +169,7 @@ fn transcripts_by_id(run: &Run) -> BTreeMap<&str, &Path> {
     run.records
         .iter()
         .zip(&run.shard_of)
+        .filter(|(r, _)| r.attempt == FIRST_ATTEMPT)
         .filter_map(|(r, &s)| {
             let p = run.shards[s].transcripts.get(&r.id)?;
             Some((r.id.as_str(), p.as_path()))
@@ -185,6 +197,7 @@ fn short(s: &str) -> String {
 fn row(r: &Record, shard: &str, flip: Option<&str>, base: bool) -> Value {
     json!({
         "id": r.id,
+        "attempt": r.attempt,
         "status": r.status,
         "stop": r.stop_reason,
         "turns": r.turns,

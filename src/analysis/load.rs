@@ -10,12 +10,17 @@ use serde_json::Value;
 use super::lines::{each_line, read_small, Line};
 use super::{AnalysisError, Note, MAX_RESULTS_BYTES, MAX_SUMMARY_BYTES};
 use crate::episode::TokenMeter;
+use crate::eval::schedule::{FIRST_ATTEMPT, MAX_ATTEMPTS};
 
 /// A `results.jsonl` record as read back: every field but `id` may be missing (records of
 /// older builds), and unknown statuses are kept as written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub id: String,
+    /// Which of the task's attempts (from 1; records of older builds have none: the first).
+    /// Left out when 1, so a run of one attempt reads as before attempts existed.
+    #[serde(default = "first_attempt", skip_serializing_if = "is_first_attempt")]
+    pub attempt: u32,
     #[serde(default)]
     pub status: String,
     #[serde(default)]
@@ -75,6 +80,14 @@ pub struct Cost {
     pub usd: f64,
 }
 
+pub(super) fn first_attempt() -> u32 {
+    FIRST_ATTEMPT
+}
+
+pub(super) fn is_first_attempt(attempt: &u32) -> bool {
+    *attempt == FIRST_ATTEMPT
+}
+
 impl Record {
     /// Seconds from asking for a sandbox to the verdict.
     pub fn task_seconds(&self) -> f64 {
@@ -102,11 +115,14 @@ pub struct Shard {
     pub dir: PathBuf,
     /// How the shard is named to the user: the directory as given.
     pub label: String,
-    /// Records in file order, one per id (a task `--resume` ran again keeps its last line).
+    /// Records in file order, one per id and attempt (an attempt `--resume` ran again keeps
+    /// its last line).
     pub records: Vec<Record>,
     pub summary: Option<Value>,
-    /// Transcript files by task id.
+    /// Transcript files of first attempts, by task id.
     pub transcripts: BTreeMap<String, PathBuf>,
+    /// Transcript files of later attempts (`transcripts/attempt-N/`), by task id and attempt.
+    pub later_transcripts: BTreeMap<(String, u32), PathBuf>,
 }
 
 impl Shard {
@@ -118,6 +134,15 @@ impl Shard {
             .filter(|p| p.is_object())
             .or_else(|| self.records.iter().find_map(|r| r.provenance.as_ref()))
     }
+
+    /// The transcript of `id`'s attempt `attempt`, when the shard holds one.
+    pub fn transcript(&self, id: &str, attempt: u32) -> Option<&PathBuf> {
+        if attempt == FIRST_ATTEMPT {
+            self.transcripts.get(id)
+        } else {
+            self.later_transcripts.get(&(id.to_string(), attempt))
+        }
+    }
 }
 
 /// Reads `dir` (which holds `results.jsonl`), adding what does not add up to `notes`.
@@ -128,7 +153,7 @@ pub fn load_shard(
 ) -> Result<Shard, AnalysisError> {
     let results = dir.join("results.jsonl");
     let file = results.display().to_string();
-    let mut by_id: BTreeMap<String, usize> = BTreeMap::new();
+    let mut by_id: BTreeMap<(String, u32), usize> = BTreeMap::new();
     let mut records: Vec<Record> = Vec::new();
     each_line(
         &results,
@@ -145,10 +170,17 @@ pub fn load_shard(
                 bytes,
                 last_unterminated,
             } => match serde_json::from_slice::<Record>(bytes) {
-                Ok(r) => match by_id.get(&r.id) {
+                Ok(r) if !(1..=MAX_ATTEMPTS).contains(&r.attempt) => {
+                    notes.push(Note::UnreadableLine {
+                        file: file.clone(),
+                        line: number,
+                        why: format!("attempt {} is outside 1 to {MAX_ATTEMPTS}", r.attempt),
+                    })
+                }
+                Ok(r) => match by_id.get(&(r.id.clone(), r.attempt)) {
                     Some(&i) => records[i] = r,
                     None => {
-                        by_id.insert(r.id.clone(), records.len());
+                        by_id.insert((r.id.clone(), r.attempt), records.len());
                         records.push(r);
                     }
                 },
@@ -182,30 +214,42 @@ pub fn load_shard(
             }
         },
     };
-    let transcripts = list_transcripts(&dir.join("transcripts"))?;
-    for r in &records {
-        if !transcripts.contains_key(&r.id) && r.status != "skipped" {
-            notes.push(Note::NoTranscript {
-                id: r.id.clone(),
-                shard: label.clone(),
-            });
+    let transcripts_dir = dir.join("transcripts");
+    let transcripts = list_transcripts(&transcripts_dir)?;
+    let mut later_transcripts = BTreeMap::new();
+    for attempt in FIRST_ATTEMPT + 1..=MAX_ATTEMPTS {
+        let later = transcripts_dir.join(format!("attempt-{attempt}"));
+        for (id, path) in list_transcripts(&later)? {
+            later_transcripts.insert((id, attempt), path);
         }
     }
-    for id in transcripts.keys() {
-        if !by_id.contains_key(id) {
-            notes.push(Note::OrphanTranscript {
-                id: id.clone(),
-                shard: label.clone(),
-            });
-        }
-    }
-    Ok(Shard {
+    let shard = Shard {
         dir: dir.to_path_buf(),
         label,
         records,
         summary,
         transcripts,
-    })
+        later_transcripts,
+    };
+    for r in &shard.records {
+        if shard.transcript(&r.id, r.attempt).is_none() && r.status != "skipped" {
+            notes.push(Note::NoTranscript {
+                id: r.id.clone(),
+                shard: shard.label.clone(),
+            });
+        }
+    }
+    let first = shard.transcripts.keys().map(|id| (id, FIRST_ATTEMPT));
+    let later = shard.later_transcripts.keys().map(|(id, a)| (id, *a));
+    for (id, attempt) in first.chain(later) {
+        if !by_id.contains_key(&(id.clone(), attempt)) {
+            notes.push(Note::OrphanTranscript {
+                id: id.clone(),
+                shard: shard.label.clone(),
+            });
+        }
+    }
+    Ok(shard)
 }
 
 /// `transcripts/<id>.jsonl` files by id; a missing directory holds none.

@@ -11,12 +11,13 @@ use serde_json::Value;
 use super::load::{load_shard, Record, Shard};
 use super::notes::ShardValue;
 use super::{AnalysisError, Note};
+use crate::eval::schedule::FIRST_ATTEMPT;
 
 /// The merged run.
 #[derive(Debug, Clone)]
 pub struct Run {
     pub shards: Vec<Shard>,
-    /// One record per id: the first shard's where several have it.
+    /// One record per id and attempt: the first shard's where several have it.
     pub records: Vec<Record>,
     /// For each record, the index of its shard.
     pub shard_of: Vec<usize>,
@@ -54,25 +55,25 @@ pub fn open_run(dirs: &[PathBuf], tasks: Option<&Path>) -> Result<Run, AnalysisE
             shards.push(load_shard(&path, label, &mut notes)?);
         }
     }
-    let mut first: BTreeMap<String, usize> = BTreeMap::new();
-    let mut seen_in: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut first: BTreeSet<(String, u32)> = BTreeSet::new();
+    let mut seen_in: BTreeMap<(String, u32), Vec<String>> = BTreeMap::new();
     let mut records = Vec::new();
     let mut shard_of = Vec::new();
     for (s, shard) in shards.iter().enumerate() {
         for r in &shard.records {
+            let key = (r.id.clone(), r.attempt);
             seen_in
-                .entry(r.id.clone())
+                .entry(key.clone())
                 .or_default()
                 .push(shard.label.clone());
-            if first.contains_key(&r.id) {
+            if !first.insert(key) {
                 continue;
             }
-            first.insert(r.id.clone(), records.len());
             records.push(r.clone());
             shard_of.push(s);
         }
     }
-    for (id, in_shards) in seen_in {
+    for ((id, _), in_shards) in seen_in {
         if in_shards.len() > 1 {
             notes.push(Note::DuplicateId {
                 id,
@@ -85,7 +86,10 @@ pub fn open_run(dirs: &[PathBuf], tasks: Option<&Path>) -> Result<Run, AnalysisE
         let file = crate::task::load_tasks(path)?;
         let missing: Vec<String> = file
             .iter()
-            .filter(|t| !first.contains_key(&t.id))
+            .filter(|t| {
+                let any_attempt = (t.id.clone(), FIRST_ATTEMPT)..=(t.id.clone(), u32::MAX);
+                first.range(any_attempt).next().is_none()
+            })
             .map(|t| t.id.clone())
             .collect();
         if !missing.is_empty() {

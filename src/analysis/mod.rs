@@ -4,7 +4,7 @@
 //!
 //! One job per file: [`lines`] (bounded JSON Lines), [`load`] (one directory's records,
 //! summary and transcripts), [`merge`] (shards into one run, naming what does not add up),
-//! [`stats`] (the figures), [`compare`] (a run against a baseline), [`document`] (the
+//! [`stats`] (the figures, with [`pass_at_k`] for runs of several attempts), [`compare`] (a run against a baseline), [`document`] (the
 //! [`Report`] value every output renders), [`text`] (the terminal rendering), [`atif`]
 //! (trajectories in Harbor's ATIF), [`html`] (the HTML page, with [`conversation`],
 //! [`plots`] and [`escape`]).
@@ -19,6 +19,7 @@ pub mod lines;
 pub mod load;
 pub mod merge;
 pub mod notes;
+pub mod pass_at_k;
 pub mod plots;
 pub mod stats;
 pub mod text;

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::load::Record;
+use super::load::{first_attempt, is_first_attempt, Record};
 use super::merge::Run;
+use super::pass_at_k::{pass_at_k, PassAtK};
 use crate::episode::TokenMeter;
 
 /// z for a two-sided 95% interval.
@@ -43,6 +44,10 @@ pub struct Summary {
     /// Per task, sandbox request to verdict (acquire + episode + verify).
     pub task_seconds: Option<Percentiles>,
     pub episode_seconds: Option<Percentiles>,
+    /// pass@1 … pass@K, for a run of several attempts per task (`tasks` and the figures
+    /// above then count attempts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_at_k: Option<PassAtK>,
 }
 
 /// Nearest-rank percentiles.
@@ -58,6 +63,9 @@ pub struct Percentiles {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
     pub id: String,
+    /// Which attempt (left out for the first, as before attempts existed).
+    #[serde(default = "first_attempt", skip_serializing_if = "is_first_attempt")]
+    pub attempt: u32,
     pub status: String,
     pub stop_reason: String,
     pub shard: String,
@@ -144,6 +152,7 @@ pub fn summarize(run: &Run) -> Summary {
         wall_seconds: walls.into_iter().reduce(f64::max),
         task_seconds: percentiles(records.iter().map(Record::task_seconds).collect()),
         episode_seconds: percentiles(records.iter().map(|r| r.timings.episode).collect()),
+        pass_at_k: pass_at_k(records),
     }
 }
 
@@ -155,6 +164,7 @@ pub fn failures(run: &Run) -> Vec<Failure> {
         .filter(|(r, _)| !r.passed())
         .map(|(r, &s)| Failure {
             id: r.id.clone(),
+            attempt: r.attempt,
             status: r.status.clone(),
             stop_reason: r.stop_reason.clone(),
             shard: run.shards[s].label.clone(),

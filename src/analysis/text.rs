@@ -7,6 +7,7 @@ use std::fmt::Write;
 use crate::terminal::escape;
 
 use super::compare::{Comparison, Delta, Flip};
+use super::pass_at_k::PassAtK;
 use super::stats::{Percentiles, Summary};
 use super::Report;
 
@@ -34,7 +35,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             write!(
                 o,
                 "  {}  {} / {}",
-                escape(&f.id),
+                attempt_name(&f.id, f.attempt),
                 escape(&f.status),
                 escape(&f.stop_reason)
             )?;
@@ -63,18 +64,24 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
 }
 
 fn write_summary(o: &mut String, s: &Summary) -> std::fmt::Result {
+    let counted = match &s.pass_at_k {
+        Some(p) => format!("{} attempts of {} tasks", s.tasks, p.tasks.len()),
+        None => format!("{} tasks", s.tasks),
+    };
     match (s.pass_rate, s.pass_rate_ci95) {
         (Some(p), Some([lo, hi])) => writeln!(
             o,
-            "pass rate: {:.1}% ({} of {} judged; 95% CI {:.1}%-{:.1}%), {} tasks",
+            "pass rate: {:.1}% ({} of {} judged; 95% CI {:.1}%-{:.1}%), {counted}",
             p * 100.0,
             s.passed,
             s.judged,
             lo * 100.0,
             hi * 100.0,
-            s.tasks
         )?,
-        _ => writeln!(o, "pass rate: n/a (no judged task), {} tasks", s.tasks)?,
+        _ => writeln!(o, "pass rate: n/a (no judged task), {counted}")?,
+    }
+    if let Some(p) = &s.pass_at_k {
+        write_pass_at_k(o, p)?;
     }
     writeln!(o, "status: {}", counts(&s.by_status))?;
     writeln!(o, "stop reason: {}", counts(&s.by_stop_reason))?;
@@ -115,9 +122,55 @@ fn write_summary(o: &mut String, s: &Summary) -> std::fmt::Result {
     Ok(())
 }
 
+/// pass@1 … pass@K over all tasks, then per task (the first [`SHOWN_FAILURES`] of them).
+fn write_pass_at_k(o: &mut String, p: &PassAtK) -> std::fmt::Result {
+    let overall: Vec<String> = p
+        .overall
+        .iter()
+        .map(|a| format!("pass@{} {}", a.k, percent(a.value)))
+        .collect();
+    writeln!(o, "{}", overall.join(", "))?;
+    writeln!(o, "per task (passed/judged, pass@1..pass@{}):", p.k)?;
+    for t in p.tasks.iter().take(SHOWN_FAILURES) {
+        let values: Vec<String> = t.pass_at.iter().map(|v| percent(*v)).collect();
+        writeln!(
+            o,
+            "  {}  {}/{}  {}",
+            escape(&t.id),
+            t.c,
+            t.n,
+            values.join(" ")
+        )?;
+    }
+    if p.tasks.len() > SHOWN_FAILURES {
+        writeln!(
+            o,
+            "  ... and {} more (all of them with --json)",
+            p.tasks.len() - SHOWN_FAILURES
+        )?;
+    }
+    Ok(())
+}
+
+fn percent(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".into(), |v| format!("{:.1}%", v * 100.0))
+}
+
+/// A task as a line names it: with its attempt past the first.
+fn attempt_name(id: &str, attempt: u32) -> String {
+    if attempt > 1 {
+        format!("{} #{attempt}", escape(id))
+    } else {
+        escape(id).into_owned()
+    }
+}
+
 fn write_compare(o: &mut String, c: &Comparison) -> std::fmt::Result {
     writeln!(o, "\ncompared with {}:", escape(&c.baseline.join(", ")))?;
     writeln!(o, "  pass rate: {}", delta(&c.pass_rate, 100.0, "%"))?;
+    for p in &c.pass_at_k {
+        writeln!(o, "  pass@{}: {}", p.k, delta(&p.delta, 100.0, "%"))?;
+    }
     writeln!(o, "  tokens: {}", delta(&c.tokens, 1.0, ""))?;
     writeln!(
         o,

@@ -84,6 +84,10 @@ pub struct EvalArgs {
     /// _MIN, _COUNT) or an AWS Batch array job (AWS_BATCH_JOB_ARRAY_INDEX).
     #[arg(long, value_name = "I/N|auto|auto/N")]
     shard: Option<String>,
+    /// Runs of each task, each in a clean sandbox with an episode of its own (`report`
+    /// shows pass@1 to pass@K); with --resume, only the attempts not yet finished run.
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(wmo_e2b::eval::schedule::MAX_ATTEMPTS)))]
+    attempts: u32,
     /// Replays of an episode on a fresh sandbox after a transport failure.
     #[arg(long, default_value_t = 1)]
     transport_retries: u32,
@@ -215,6 +219,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         resume: args.resume,
         shard,
         harness: args.harness.clone(),
+        attempts: args.attempts,
     })
     .map_err(|e| match e {
         PlanError::Tasks(t) => anyhow::Error::new(t),
@@ -314,6 +319,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     let outcome = eval::run(&EvalRun {
         tasks: &plan.tasks,
         skipped: plan.skipped,
+        attempts: &plan.attempts,
         out_dir: &plan.out_dir,
         jobs: usize::from(args.jobs),
         limits: EvalLimits {

@@ -17,6 +17,7 @@ pub mod provenance;
 pub mod results;
 pub mod run_lock;
 mod sandbox_limits;
+pub mod schedule;
 pub mod shard;
 pub mod spend;
 mod summary;
@@ -38,10 +39,11 @@ use crate::pool::Pool;
 use crate::provider::Provider;
 use crate::skills::SkillSet;
 use crate::sync::{into_inner, lock};
-use crate::task::{Task, TaskEntry, TaskList};
+use crate::task::{Task, TaskList};
 pub use budget::SpendPlan;
 pub use control::RunControl;
 pub use results::{ResultsWriter, Status, TaskRecord};
+pub use schedule::AttemptPlan;
 pub use summary::{EvalSummary, Tally, Verdict};
 pub use verifier::VerifierMode;
 
@@ -87,13 +89,18 @@ impl Default for EvalLimits {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EvalEvent {
     RunStarted {
+        /// Attempts to run (tasks, with one attempt each).
         total: usize,
         skipped: usize,
+        /// Attempts of each task (`--attempts`).
+        attempts: u32,
         jobs: usize,
         out_dir: PathBuf,
     },
     TaskStarted {
         id: String,
+        /// Which of the task's attempts (from 1).
+        attempt: u32,
     },
     TaskRetrying {
         id: String,
@@ -176,7 +183,10 @@ impl Harness {
 pub struct EvalRun<'a> {
     /// The selected tasks, as places in the checked tasks file: each is read when it runs.
     pub tasks: &'a TaskList,
+    /// Attempts an earlier run finished (`--resume`), not run again.
     pub skipped: usize,
+    /// How many attempts each task gets, and which are already finished.
+    pub attempts: &'a AttemptPlan,
     pub out_dir: &'a Path,
     pub jobs: usize,
     pub limits: EvalLimits,
@@ -232,15 +242,17 @@ pub fn run(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
 fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     let started = Instant::now();
     let transcripts = run.out_dir.join("transcripts");
-    std::fs::create_dir_all(&transcripts).map_err(|source| EvalError::OutDir {
-        path: transcripts.clone(),
-        source,
-    })?;
+    for attempt in 1..=run.attempts.per_task() {
+        let dir = transcripts_of(&transcripts, attempt);
+        std::fs::create_dir_all(&dir).map_err(|source| EvalError::OutDir { path: dir, source })?;
+    }
     let writer = ResultsWriter::open(&run.out_dir.join("results.jsonl"))?;
     let control = &run.control;
+    let pending = run.attempts.pending(run.tasks);
     control.emit(EvalEvent::RunStarted {
-        total: run.tasks.len(),
+        total: pending,
         skipped: run.skipped,
+        attempts: run.attempts.per_task(),
         jobs: run.jobs,
         out_dir: run.out_dir.to_path_buf(),
     });
@@ -253,14 +265,17 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
             source,
         })?;
     let summary = Mutex::new(EvalSummary {
-        total: run.tasks.len(),
+        total: pending,
+        tasks: run.tasks.len(),
+        attempts: run.attempts.per_task(),
         skipped: run.skipped,
         caps: run.spend.caps,
         provenance: Some(run.provenance.clone()),
         ..EvalSummary::default()
     });
     let budget = budget::RunBudget::new(&run.spend, &run.pool);
-    let finish = |task: &Task, mut record: TaskRecord| {
+    let finish = |task: &Task, attempt: u32, mut record: TaskRecord| {
+        record.attempt = attempt;
         budget.finished(&mut record);
         record.provenance = Some(run.provenance.for_line(task.line));
         // The record is on disk before anyone hears of it.
@@ -275,12 +290,12 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
             record: Box::new(record),
         });
     };
-    let run_entry = |entry: &TaskEntry| {
+    let run_work = |work: &schedule::Work<'_>| {
         if control.is_cancelled() && budget.stopped_by().is_none() {
             lock(&summary).not_run += 1;
             return;
         }
-        let task = match run.tasks.load(entry) {
+        let task = match run.tasks.load(work.entry) {
             Ok(task) => task,
             Err(e) => {
                 // The file changed under the run: what it says now was never checked, so
@@ -293,7 +308,7 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
         let task = &task;
         // A task a cap keeps from starting is written, so `--resume` finds it.
         if let Some(why) = budget.refuse_next() {
-            finish(task, verdict::skipped_record(task, why));
+            finish(task, work.attempt, verdict::skipped_record(task, why));
             return;
         }
         if control.is_cancelled() {
@@ -302,8 +317,14 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
         }
         control.emit(EvalEvent::TaskStarted {
             id: task.id.clone(),
+            attempt: work.attempt,
         });
-        finish(task, attempt::run_task_to_record(run, task, &transcripts));
+        let transcripts = transcripts_of(&transcripts, work.attempt);
+        finish(
+            task,
+            work.attempt,
+            attempt::run_task_to_record(run, task, &transcripts),
+        );
     };
     let all_done = AtomicBool::new(false);
     std::thread::scope(|scope| {
@@ -312,10 +333,14 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
         // sandboxes and models, so there is nothing to balance, and work stealing would only
         // have idle workers spin (measurably, at hundreds of workers) looking for it.
         let next = AtomicUsize::new(0);
-        let entries = run.tasks.entries();
         workers.broadcast(|_| {
-            while let Some(entry) = entries.get(next.fetch_add(1, Ordering::Relaxed)) {
-                run_entry(entry);
+            while let Some(slot) = run
+                .attempts
+                .slot(run.tasks, next.fetch_add(1, Ordering::Relaxed))
+            {
+                if let Some(work) = slot {
+                    run_work(&work);
+                }
             }
         });
         all_done.store(true, Ordering::Release);
@@ -353,4 +378,16 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
         source,
     })?;
     Ok(summary)
+}
+
+/// Where an attempt's transcripts go: the first's in `transcripts/` as before attempts
+/// existed, each later one's in `transcripts/attempt-N/` (ids hold no slash, so no task's
+/// file is ever taken for that directory). Two attempts of a task may run at once, so each
+/// needs a file of its own.
+fn transcripts_of(dir: &Path, attempt: u32) -> PathBuf {
+    if attempt == schedule::FIRST_ATTEMPT {
+        dir.to_path_buf()
+    } else {
+        dir.join(format!("attempt-{attempt}"))
+    }
 }

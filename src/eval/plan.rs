@@ -2,12 +2,12 @@
 //! an earlier run already finished), with what harness, into which locked directory, and on
 //! what pool.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::results::{self, ResultsError};
 use super::run_lock::{self, RunLock, RunLockError};
+use super::schedule::{AttemptPlan, FinishedAttempts, MAX_ATTEMPTS};
 use super::shard::Shard;
 use super::{Harness, HarnessFiles};
 use crate::pool::{self, PoolConfig};
@@ -30,13 +30,18 @@ pub struct EvalOptions {
     pub shard: Option<Shard>,
     /// `builtin`, `pi`, or a directory holding `agent.mjs`.
     pub harness: String,
+    /// Attempts of each task (`--attempts`, 1..=[`MAX_ATTEMPTS`]).
+    pub attempts: u32,
 }
 
 /// A run, ready to start: its tasks, its harness, and its output directory, locked.
 pub struct EvalPlan {
+    /// Tasks with an attempt still to run.
     pub tasks: TaskList,
-    /// Tasks left out because an earlier run finished them.
+    /// Attempts left out because an earlier run finished them.
     pub skipped: usize,
+    /// How many attempts each task gets, and which an earlier run finished.
+    pub attempts: AttemptPlan,
     /// Lines of the earlier results that were unreadable (their tasks run again).
     pub unreadable_results: usize,
     /// What the results resumed were made with (the first kept record's `provenance`).
@@ -86,6 +91,12 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
             "--resume needs --out DIR: the run directory to resume".into(),
         ));
     }
+    if !(1..=MAX_ATTEMPTS).contains(&opts.attempts) {
+        return Err(PlanError::Usage(format!(
+            "--attempts {}: must be 1 to {MAX_ATTEMPTS}",
+            opts.attempts
+        )));
+    }
     let shard = opts.shard;
     let harness = harness(&opts.harness)?;
     // Every line is checked; only this shard's tasks are kept.
@@ -108,19 +119,20 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
     let lock = run_lock::lock_out_dir(&out_dir).map_err(PlanError::Locked)?;
     let (done, unreadable_results, resumed_provenance) = if opts.resume {
         let finished = results::finished_ids(&out_dir.join("results.jsonl"))?;
-        (finished.ids, finished.unreadable, finished.provenance)
+        (finished.attempts, finished.unreadable, finished.provenance)
     } else {
-        (HashSet::new(), 0, None)
+        (FinishedAttempts::new(), 0, None)
     };
+    let attempts = AttemptPlan::new(opts.attempts, done);
     let mut skipped = 0;
     tasks.retain(|t| {
-        let keep = !done.contains(&t.id);
-        skipped += usize::from(!keep);
-        keep
+        skipped += attempts.finished_count(&t.id);
+        attempts.missing(&t.id).next().is_some()
     });
     Ok(EvalPlan {
         tasks,
         skipped,
+        attempts,
         unreadable_results,
         resumed_provenance,
         out_dir,

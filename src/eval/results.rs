@@ -1,7 +1,6 @@
 //! `results.jsonl`: one line per finished task, appended and flushed as each task ends, so a
 //! crash loses nothing that finished.
 
-use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -10,6 +9,7 @@ use std::sync::Mutex;
 use serde::Serialize;
 
 use super::provenance::Provenance;
+use super::schedule::{FinishedAttempts, FIRST_ATTEMPT, MAX_ATTEMPTS};
 use super::spend::CostRecord;
 use crate::episode::{StopReason, TokenMeter};
 use crate::sync::lock;
@@ -71,6 +71,9 @@ pub struct Retries {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TaskRecord {
     pub id: String,
+    /// Which of the task's `--attempts` this is, from 1 (records written before attempts
+    /// existed have none: read as 1). Not `attempts`, the episode's transport replays.
+    pub attempt: u32,
     pub status: Status,
     pub stop_reason: StopReason,
     pub answer: String,
@@ -183,8 +186,8 @@ fn ends_without_newline(file: &mut File) -> std::io::Result<bool> {
 /// What `--resume` learns from an earlier run's results file.
 #[derive(Debug, Default)]
 pub struct Finished {
-    /// Tasks that need not run again.
-    pub ids: HashSet<String>,
+    /// Attempts that need not run again, by task.
+    pub attempts: FinishedAttempts,
     /// Lines that are no record (torn by a crash mid-write, or not JSON): skipped, so
     /// their tasks run again.
     pub unreadable: usize,
@@ -260,9 +263,15 @@ impl Finished {
         } else {
             serde_json::from_slice::<serde_json::Value>(line).ok()
         };
-        match record.as_ref().and_then(|r| Some((r["id"].as_str()?, r))) {
-            Some((id, r)) if is_finished(r) => {
-                self.ids.insert(id.to_string());
+        match record
+            .as_ref()
+            .and_then(|r| Some((r["id"].as_str()?, attempt_of(r)?, r)))
+        {
+            Some((id, attempt, r)) if is_finished(r) => {
+                self.attempts
+                    .entry(id.to_string())
+                    .or_default()
+                    .insert(attempt);
                 if self.provenance.is_none() {
                     self.provenance = r.get("provenance").cloned();
                 }
@@ -270,6 +279,18 @@ impl Finished {
             Some(_) => {}
             None => self.unreadable += 1,
         }
+    }
+}
+
+/// The record's attempt: absent (written before attempts existed) is the first; a number
+/// outside 1..=[`MAX_ATTEMPTS`] is no attempt any run makes, so the line is unreadable.
+fn attempt_of(record: &serde_json::Value) -> Option<u32> {
+    match record.get("attempt") {
+        None => Some(FIRST_ATTEMPT),
+        Some(a) => a
+            .as_u64()
+            .filter(|a| (1..=u64::from(MAX_ATTEMPTS)).contains(a))
+            .and_then(|a| u32::try_from(a).ok()),
     }
 }
 
@@ -304,7 +325,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
 
         let done = finished_ids(&path).unwrap();
-        let mut ids: Vec<&str> = done.ids.iter().map(String::as_str).collect();
+        let mut ids: Vec<&str> = done.attempts.keys().map(String::as_str).collect();
         ids.sort_unstable();
         assert_eq!(ids, ["a", "c"]);
         assert_eq!(done.unreadable, 2);
@@ -316,15 +337,41 @@ mod tests {
         more.extend_from_slice(b"{\"id\":\"d\",\"status\":\"passed\"}\n");
         std::fs::write(&path, &more).unwrap();
         let done = finished_ids(&path).unwrap();
-        assert!(done.ids.contains("d"), "{:?}", done.ids);
+        assert!(done.attempts.contains_key("d"), "{:?}", done.attempts);
         assert_eq!(done.unreadable, 2);
+    }
+
+    #[test]
+    fn resume_knows_each_finished_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("results.jsonl");
+        let lines = [
+            r#"{"id":"old","status":"passed"}"#,
+            r#"{"id":"a","attempt":1,"status":"failed"}"#,
+            r#"{"id":"a","attempt":2,"status":"cancelled"}"#,
+            r#"{"id":"a","attempt":3,"status":"passed"}"#,
+            r#"{"id":"bad","attempt":0,"status":"passed"}"#,
+            r#"{"id":"bad","attempt":101,"status":"passed"}"#,
+            r#"{"id":"bad","attempt":"2","status":"passed"}"#,
+        ];
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        let done = finished_ids(&path).unwrap();
+        let of = |id: &str| {
+            done.attempts
+                .get(id)
+                .map(|a| a.iter().copied().collect::<Vec<_>>())
+        };
+        assert_eq!(of("old"), Some(vec![1]));
+        assert_eq!(of("a"), Some(vec![1, 3]));
+        assert_eq!(of("bad"), None);
+        assert_eq!(done.unreadable, 3);
     }
 
     #[test]
     fn a_missing_results_file_has_nothing_finished() {
         let dir = tempfile::tempdir().unwrap();
         let done = finished_ids(&dir.path().join("results.jsonl")).unwrap();
-        assert!(done.ids.is_empty());
+        assert!(done.attempts.is_empty());
         assert_eq!(done.unreadable, 0);
     }
 }

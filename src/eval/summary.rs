@@ -40,7 +40,13 @@ impl Tally {
 /// Totals of a finished run (`summary.json`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct EvalSummary {
+    /// Attempts this run was to make (tasks, with one attempt each).
     pub total: usize,
+    /// Tasks with an attempt to make.
+    pub tasks: usize,
+    /// Attempts of each task (`--attempts`).
+    pub attempts: u32,
+    /// Attempts an earlier run finished (`--resume`).
     pub skipped: usize,
     #[serde(flatten)]
     pub tally: Tally,

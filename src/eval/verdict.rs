@@ -149,6 +149,8 @@ fn record(
 ) -> TaskRecord {
     TaskRecord {
         id: task.id.clone(),
+        // The run's scheduler says which attempt this is.
+        attempt: super::schedule::FIRST_ATTEMPT,
         status,
         stop_reason,
         answer: bounded(answer, MAX_ANSWER_BYTES),
