@@ -146,6 +146,7 @@ fn a_task_whose_handling_panics_ends_as_error_its_sandbox_killed_and_the_run_goe
         resume: false,
         shard: None,
         harness: "builtin".into(),
+        image: None,
     })
     .unwrap();
     let backend = LocalBackend::open(&env.home()).unwrap();

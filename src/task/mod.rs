@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+mod environment;
+pub mod harbor;
 mod read;
 
+pub use environment::{check_reference, EnvironmentSpec, Solution, SOLUTION_DIR};
 pub use read::{load_tasks, load_tasks_where, parse_tasks, TaskEntry, TaskList, MAX_LINE_BYTES};
 
 /// One step of a task's `model_script`: what the scripted model answers to one call.
@@ -42,7 +45,7 @@ fn empty_object() -> Value {
     Value::Object(Map::new())
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Task {
     pub id: String,
@@ -78,6 +81,21 @@ pub struct Task {
     /// The network the task's sandbox gets; it can only narrow the run's (`eval --network`).
     #[serde(default)]
     pub network: Option<crate::sandbox::Network>,
+    /// Variables handed to `verify` only (never to the agent's commands).
+    #[serde(default)]
+    pub verify_env: BTreeMap<String, String>,
+    /// The reference solution `--harness oracle` runs instead of an agent.
+    #[serde(default)]
+    pub solution: Option<Solution>,
+    /// Tasks-file field `image`: read into `environment` by the parser.
+    #[serde(default)]
+    image: Option<String>,
+    /// Tasks-file field `dockerfile`, relative to the tasks file: read into `environment`.
+    #[serde(default)]
+    dockerfile: Option<String>,
+    /// What the task runs on; `None` runs it as every task ran before images.
+    #[serde(skip)]
+    pub environment: Option<EnvironmentSpec>,
     /// Its 1-based line in the tasks file (provenance), set by the parser.
     #[serde(skip)]
     pub line: usize,
@@ -112,6 +130,9 @@ pub enum TaskError {
     },
     #[error("{path}: the file holds no tasks")]
     Empty { path: PathBuf },
+    /// A Harbor task directory (or dataset) that cannot be run.
+    #[error(transparent)]
+    Harbor(#[from] harbor::HarborError),
     /// The file changed after it was checked: a task is never run from a line it was not
     /// checked on.
     #[error("{path} changed while the run was using it: line {line} no longer holds task {id:?}; do not edit a tasks file a run is reading (copy it first)")]
@@ -200,6 +221,13 @@ fn validate(task: &Task) -> Result<(), String> {
     }
     if task.max_turns == Some(0) {
         return Err("field `max_turns`: must be at least 1".into());
+    }
+    environment::check_verify_env(&task.verify_env)?;
+    if let Some(solution) = &task.solution {
+        check_file_paths("solution.files", &solution.files)?;
+        if solution.command.trim().is_empty() {
+            return Err("field `solution.command`: must not be empty".into());
+        }
     }
     if let Some(limits) = &task.limits {
         limits

@@ -38,6 +38,8 @@ pub const VERIFIER_UID: u32 = 1001;
 /// Where a sandbox's verifier `HOME` and `TMPDIR` live, as task namespaces see them: the
 /// host makes both anew, owned by the verifier, before each verify.
 pub const BWRAP_VERIFIER: &str = "/verifier";
+/// Where `/logs` points in a task namespace: inside the verifier's directory.
+const BWRAP_VERIFIER_LOGS: &str = "/verifier/logs";
 /// The home, `/tmp` and system directory as sandbox processes see them under bwrap.
 pub const BWRAP_HOME: &str = "/home/user";
 pub const BWRAP_TMP: &str = "/tmp";
@@ -363,6 +365,9 @@ impl Bwrap {
             a.push([crate::sandbox::TESTS_DIR, "--bind-try"]);
             a.path(binds.verifier);
             a.push([BWRAP_VERIFIER]);
+            // Harbor's tests write their reward under `/logs/verifier`: the verifier's own
+            // directory, made anew for each verify (see `stop`).
+            a.push(["--symlink", BWRAP_VERIFIER_LOGS, "/logs"]);
         }
         if role == Role::System {
             // E2B's root empties it (see `stop`); the emulator runs root's commands here.

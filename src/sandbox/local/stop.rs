@@ -127,6 +127,10 @@ pub(super) fn ready_verifier(state: &SandboxState) -> io::Result<()> {
     for sub in ["home", "tmp"] {
         make_dir(&state.verifier.join(sub), 0o700, owner)?;
     }
+    // `/logs/verifier` in the sandbox: the verifier's to write, anyone's to read.
+    let logs = state.verifier.join("logs");
+    make_dir(&logs, 0o755, None)?;
+    make_dir(&logs.join("verifier"), 0o755, owner)?;
     Ok(())
 }
 
