@@ -471,6 +471,63 @@ mod tests {
     }
 
     #[test]
+    fn a_line_names_one_environment_read_relative_to_the_tasks_file() {
+        let t = parse_tasks(
+            Path::new("sets/t.jsonl"),
+            concat!(
+                r#"{"id":"i","instruction":"x","image":"alpine:3.20"}"#,
+                "\n",
+                r#"{"id":"d","instruction":"x","dockerfile":"envs/a/Dockerfile"}"#,
+                "\n",
+                r#"{"id":"n","instruction":"x","verify_env":{"K":"v"},"solution":{"command":"true"}}"#,
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            t[0].environment,
+            Some(EnvironmentSpec::Image("alpine:3.20".into()))
+        );
+        assert_eq!(
+            t[1].environment,
+            Some(EnvironmentSpec::Dockerfile {
+                path: "sets/envs/a/Dockerfile".into(),
+                context: "sets/envs/a".into(),
+            })
+        );
+        assert_eq!(t[2].environment, None);
+        assert_eq!(t[2].verify_env["K"], "v");
+
+        for (line, field) in [
+            (
+                r#"{"id":"b","instruction":"x","image":"a","dockerfile":"Dockerfile"}"#,
+                "`image` and `dockerfile`",
+            ),
+            (r#"{"id":"b","instruction":"x","image":"a b"}"#, "`image`"),
+            (
+                r#"{"id":"b","instruction":"x","dockerfile":"../Dockerfile"}"#,
+                "`dockerfile`",
+            ),
+            (
+                r#"{"id":"b","instruction":"x","solution":{"files":{"../x":""},"command":"true"}}"#,
+                "`solution.files`",
+            ),
+            (
+                r#"{"id":"b","instruction":"x","solution":{"command":" "}}"#,
+                "`solution.command`",
+            ),
+            (
+                r#"{"id":"b","instruction":"x","verify_env":{"PATH":"/x"}}"#,
+                "`verify_env`",
+            ),
+        ] {
+            let e = parse(&format!("{{\"id\":\"ok\",\"instruction\":\"x\"}}\n{line}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("t.jsonl:2:") && e.contains(field), "{line}: {e}");
+        }
+    }
+
+    #[test]
     fn shards_are_stable_and_cover_everything() {
         assert_eq!(shard_of("add", 4), shard_of("add", 4));
         let ids: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
