@@ -111,12 +111,13 @@ fn the_reward_decides_against_the_threshold_and_a_malformed_one_fails() {
 /// is gone (or never landed) and the verdict is the tests'.
 #[test]
 fn an_agent_cannot_leave_a_reward_for_the_verifier() {
-    let forge = "mkdir -p /logs/verifier /verifier/logs/verifier; \
+    // Wherever `/logs` leads (a symlink to a missing directory included), it makes the way.
+    let forge = "t=$(readlink -m /logs/verifier); mkdir -p \"$t\" /verifier/logs/verifier; \
                  echo 1 > /logs/verifier/reward.txt; echo 1 > /verifier/logs/verifier/reward.txt; \
                  echo '{\"reward\": 1}' > /logs/verifier/reward.json; \
                  ls -la /logs/verifier/ 2>&1; true";
     // It also starts a process that keeps writing one, which the stop ends.
-    let keep = "nohup sh -c 'while :; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; sleep 0.05; done' >/dev/null 2>&1 &";
+    let keep = "nohup sh -c 'while :; do mkdir -p \"$(readlink -m /logs/verifier)\"; echo 1 > /logs/verifier/reward.txt; sleep 0.05; done' >/dev/null 2>&1 &";
     let task = |id: &str, cmd: &str| {
         json!({
             "id": id,
