@@ -1,6 +1,6 @@
 //! Harbor task directories run as they are, on the local backend: a dataset passes under
 //! `--harness oracle` and fails under `--harness nop`; the verifier's reward decides, read
-//! strictly, and the agent cannot leave one for it.
+//! strictly (an agent's attempt to leave one for it is among `support::attacks`).
 
 mod support;
 
@@ -106,41 +106,6 @@ fn the_reward_decides_against_the_threshold_and_a_malformed_one_fails() {
     assert_eq!(status(&env, "garbage"), "failed");
 }
 
-/// The attack: the agent leaves a perfect reward where the verifier's goes, then the tests
-/// fail. The verifier's directory is made fresh after the agent is stopped, so the forgery
-/// is gone (or never landed) and the verdict is the tests'.
-#[test]
-fn an_agent_cannot_leave_a_reward_for_the_verifier() {
-    // Wherever `/logs` leads (a symlink to a missing directory included), it makes the way.
-    let forge = "t=$(readlink -m /logs/verifier); mkdir -p \"$t\" /verifier/logs/verifier; \
-                 echo 1 > /logs/verifier/reward.txt; echo 1 > /verifier/logs/verifier/reward.txt; \
-                 echo '{\"reward\": 1}' > /logs/verifier/reward.json; \
-                 ls -la /logs/verifier/ 2>&1; true";
-    // It also starts a process that keeps writing one, which the stop ends.
-    let keep = "nohup sh -c 'while :; do mkdir -p \"$(readlink -m /logs/verifier)\"; echo 1 > /logs/verifier/reward.txt; sleep 0.05; done' >/dev/null 2>&1 &";
-    let task = |id: &str, cmd: &str| {
-        json!({
-            "id": id,
-            "instruction": "x",
-            "model_script": [
-                {"tool_calls": [{"name": "bash", "arguments": {"command": cmd}}]},
-                {"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]},
-            ],
-            "verify": "sleep 0.3; exit 1",
-        })
-        .to_string()
-    };
-    let env = Env::new();
-    let path = env.write_tasks(&[task("forge", forge), task("keep", keep)]);
-    let o = env.eval(&path, &[]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    for id in ["forge", "keep"] {
-        let r = env.result(id);
-        assert_eq!(r["status"], "failed", "{r}");
-        assert!(r.get("reward").is_none(), "the agent's reward was read: {r}");
-    }
-}
-
 #[test]
 fn an_oracle_task_without_a_solution_is_an_error_naming_why() {
     let env = Env::new();
@@ -159,7 +124,10 @@ fn an_oracle_task_without_a_solution_is_an_error_naming_why() {
     let r = env.result("none");
     assert_eq!(r["status"], "error", "{r}");
     assert!(
-        r["error"].as_str().unwrap().contains("no reference solution"),
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("no reference solution"),
         "{r}"
     );
     assert_eq!(env.result("own")["status"], "passed");
@@ -194,16 +162,23 @@ fn environments_are_refused_until_images_run() {
     let e = refused(&env, &path, &["--image", "alpine:3.20"]);
     assert!(e.contains("\"plain\"") && e.contains("--image"), "{e}");
 
-    let docker = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harbor/with-dockerfile");
+    let docker =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harbor/with-dockerfile");
     let e = refused(&env, &docker, &["--harness", "oracle"]);
-    assert!(e.contains("with-dockerfile") && e.contains("Dockerfile"), "{e}");
+    assert!(
+        e.contains("with-dockerfile") && e.contains("Dockerfile"),
+        "{e}"
+    );
 
     let path = env.write_tasks(&[json!({
         "id": "both", "instruction": "x", "image": "a", "dockerfile": "Dockerfile"
     })
     .to_string()]);
     let e = refused(&env, &path, &[]);
-    assert!(e.contains(":1:") && e.contains("`image` and `dockerfile`"), "{e}");
+    assert!(
+        e.contains(":1:") && e.contains("`image` and `dockerfile`"),
+        "{e}"
+    );
 }
 
 #[test]

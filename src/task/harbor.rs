@@ -534,7 +534,9 @@ mod tests {
         let (tasks, _) = load_dataset(&t).unwrap();
         assert_eq!(
             tasks[0].environment,
-            Some(EnvironmentSpec::Image("registry.example/app@sha256:ab".into()))
+            Some(EnvironmentSpec::Image(
+                "registry.example/app@sha256:ab".into()
+            ))
         );
     }
 
@@ -543,26 +545,103 @@ mod tests {
     fn a_bad_task_directory_is_refused_by_file_and_field() {
         type Break = fn(&Path);
         let cases: [(&str, Break, &str, &str); 14] = [
-            ("unknown key", |t| append(t, "task.toml", "colour = \"red\"\n"), "task.toml", "colour"),
-            ("unknown section key", |t| append(t, "task.toml", "[agent]\nuser = \"x\"\n"), "task.toml", "agent"),
-            ("wrong type", |t| append(t, "task.toml", "[agent]\ntimeout_sec = \"soon\"\n"), "task.toml", "agent.timeout_sec"),
-            ("bad timeout", |t| append(t, "task.toml", "[verifier]\ntimeout_sec = -1\n"), "task.toml", "verifier.timeout_sec"),
-            ("bad memory", |t| append(t, "task.toml", "[environment]\nmemory = \"lots\"\n"), "task.toml", "environment.memory"),
-            ("both memories", |t| append(t, "task.toml", "[environment]\nmemory = \"1G\"\nmemory_mb = 1\n"), "task.toml", "memory_mb"),
-            ("bad env name", |t| append(t, "task.toml", "[verifier.env]\nLD_PRELOAD = \"x\"\n"), "task.toml", "verify_env"),
-            ("no instruction", |t| remove(t, "instruction.md"), "instruction.md", "missing"),
-            ("no test.sh", |t| remove(t, "tests/test.sh"), "test.sh", "missing"),
-            ("no solve.sh", |t| std::fs::create_dir(t.join("solution")).unwrap(), "solve.sh", "missing"),
-            ("symlinked instruction", |t| {
-                remove(t, "instruction.md");
-                std::os::unix::fs::symlink("/etc/passwd", t.join("instruction.md")).unwrap();
-            }, "instruction.md", "symlink"),
-            ("binary instruction", |t| std::fs::write(t.join("instruction.md"), b"\xff\xfe").unwrap(), "instruction.md", "UTF-8"),
-            ("compose", |t| {
-                std::fs::create_dir(t.join("environment")).unwrap();
-                std::fs::write(t.join("environment/docker-compose.yaml"), "services: {}\n").unwrap();
-            }, "docker-compose.yaml", "sidecar services are not supported"),
-            ("symlinked test", |t| std::os::unix::fs::symlink("/etc/shadow", t.join("tests/secret")).unwrap(), "secret", "symlink"),
+            (
+                "unknown key",
+                |t| append(t, "task.toml", "colour = \"red\"\n"),
+                "task.toml",
+                "colour",
+            ),
+            (
+                "unknown section key",
+                |t| append(t, "task.toml", "[agent]\nuser = \"x\"\n"),
+                "task.toml",
+                "agent",
+            ),
+            (
+                "wrong type",
+                |t| append(t, "task.toml", "[agent]\ntimeout_sec = \"soon\"\n"),
+                "task.toml",
+                "agent.timeout_sec",
+            ),
+            (
+                "bad timeout",
+                |t| append(t, "task.toml", "[verifier]\ntimeout_sec = -1\n"),
+                "task.toml",
+                "verifier.timeout_sec",
+            ),
+            (
+                "bad memory",
+                |t| append(t, "task.toml", "[environment]\nmemory = \"lots\"\n"),
+                "task.toml",
+                "environment.memory",
+            ),
+            (
+                "both memories",
+                |t| {
+                    append(
+                        t,
+                        "task.toml",
+                        "[environment]\nmemory = \"1G\"\nmemory_mb = 1\n",
+                    )
+                },
+                "task.toml",
+                "memory_mb",
+            ),
+            (
+                "bad env name",
+                |t| append(t, "task.toml", "[verifier.env]\nLD_PRELOAD = \"x\"\n"),
+                "task.toml",
+                "verify_env",
+            ),
+            (
+                "no instruction",
+                |t| remove(t, "instruction.md"),
+                "instruction.md",
+                "missing",
+            ),
+            (
+                "no test.sh",
+                |t| remove(t, "tests/test.sh"),
+                "test.sh",
+                "missing",
+            ),
+            (
+                "no solve.sh",
+                |t| std::fs::create_dir(t.join("solution")).unwrap(),
+                "solve.sh",
+                "missing",
+            ),
+            (
+                "symlinked instruction",
+                |t| {
+                    remove(t, "instruction.md");
+                    std::os::unix::fs::symlink("/etc/passwd", t.join("instruction.md")).unwrap();
+                },
+                "instruction.md",
+                "symlink",
+            ),
+            (
+                "binary instruction",
+                |t| std::fs::write(t.join("instruction.md"), b"\xff\xfe").unwrap(),
+                "instruction.md",
+                "UTF-8",
+            ),
+            (
+                "compose",
+                |t| {
+                    std::fs::create_dir(t.join("environment")).unwrap();
+                    std::fs::write(t.join("environment/docker-compose.yaml"), "services: {}\n")
+                        .unwrap();
+                },
+                "docker-compose.yaml",
+                "sidecar services are not supported",
+            ),
+            (
+                "symlinked test",
+                |t| std::os::unix::fs::symlink("/etc/shadow", t.join("tests/secret")).unwrap(),
+                "secret",
+                "symlink",
+            ),
         ];
         for (what, break_it, file, needle) in cases {
             let tmp = tempfile::tempdir().unwrap();
@@ -571,7 +650,10 @@ mod tests {
             break_it(&t);
             let e = load_dataset(&t).expect_err(what).to_string();
             assert!(e.contains(file) && e.contains(needle), "{what}: {e}");
-            assert!(e.contains("broken"), "{what}: names the task's directory: {e}");
+            assert!(
+                e.contains("broken"),
+                "{what}: names the task's directory: {e}"
+            );
         }
     }
 
@@ -583,13 +665,19 @@ mod tests {
             std::fs::write(t.join(format!("tests/f{i}")), "x").unwrap();
         }
         let e = load_dataset(&t).unwrap_err();
-        assert!(matches!(e, HarborError::Tree(TreeError::TooManyFiles { .. })), "{e}");
+        assert!(
+            matches!(e, HarborError::Tree(TreeError::TooManyFiles { .. })),
+            "{e}"
+        );
 
         let t = write_task(tmp.path(), "big");
         let file = std::fs::File::create(t.join("tests/big")).unwrap();
         file.set_len(TREE_BOUNDS.max_bytes + 1).unwrap();
         let e = load_dataset(&t).unwrap_err();
-        assert!(matches!(e, HarborError::Tree(TreeError::TooManyBytes { .. })), "{e}");
+        assert!(
+            matches!(e, HarborError::Tree(TreeError::TooManyBytes { .. })),
+            "{e}"
+        );
 
         let empty = tempfile::tempdir().unwrap();
         std::fs::create_dir(empty.path().join("not-a-task")).unwrap();

@@ -523,7 +523,10 @@ mod tests {
             let e = parse(&format!("{{\"id\":\"ok\",\"instruction\":\"x\"}}\n{line}"))
                 .unwrap_err()
                 .to_string();
-            assert!(e.starts_with("t.jsonl:2:") && e.contains(field), "{line}: {e}");
+            assert!(
+                e.starts_with("t.jsonl:2:") && e.contains(field),
+                "{line}: {e}"
+            );
         }
     }
 

@@ -16,7 +16,8 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use super::cgroup::{self, Cgroup};
 use super::isolation::{self, Isolation, IsolationChoice};
 use super::meta::{
-    self, Meta, MetaError, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TESTS_DIR, TMP_DIR, VERIFIER_DIR,
+    self, Meta, MetaError, LOGS_DIR, PROCS_DIR, ROOT_DIR, SYSTEM_DIR, TESTS_DIR, TMP_DIR,
+    VERIFIER_DIR,
 };
 use super::netns;
 use super::ns::{Space, NS_DIR};
@@ -222,6 +223,7 @@ impl LocalBackend {
                 (TMP_DIR, 0o1777),
                 (SYSTEM_DIR, 0o700),
                 (TESTS_DIR, 0o755),
+                (LOGS_DIR, 0o755),
             ] {
                 let path = staging.join(dir);
                 fs::create_dir(&path)?;

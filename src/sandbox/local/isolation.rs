@@ -38,8 +38,6 @@ pub const VERIFIER_UID: u32 = 1001;
 /// Where a sandbox's verifier `HOME` and `TMPDIR` live, as task namespaces see them: the
 /// host makes both anew, owned by the verifier, before each verify.
 pub const BWRAP_VERIFIER: &str = "/verifier";
-/// Where `/logs` points in a task namespace: inside the verifier's directory.
-const BWRAP_VERIFIER_LOGS: &str = "/verifier/logs";
 /// The home, `/tmp` and system directory as sandbox processes see them under bwrap.
 pub const BWRAP_HOME: &str = "/home/user";
 pub const BWRAP_TMP: &str = "/tmp";
@@ -329,6 +327,8 @@ pub(super) struct Binds<'a> {
     /// namespaces only.
     pub tests: &'a Path,
     pub verifier: &'a Path,
+    /// `/logs`, in every namespace.
+    pub logs: &'a Path,
     /// The identity files written beside the sandboxes.
     pub passwd: &'a Path,
     pub group: &'a Path,
@@ -365,10 +365,13 @@ impl Bwrap {
             a.push([crate::sandbox::TESTS_DIR, "--bind-try"]);
             a.path(binds.verifier);
             a.push([BWRAP_VERIFIER]);
-            // Harbor's tests write their reward under `/logs/verifier`: the verifier's own
-            // directory, made anew for each verify (see `stop`).
-            a.push(["--symlink", BWRAP_VERIFIER_LOGS, "/logs"]);
         }
+        // Harbor's tests leave their reward in `/logs/verifier`, emptied and made the
+        // verifier's own after the agent is stopped (see `stop`); E2B's root (the emulator
+        // runs its commands as `System`) makes it there.
+        a.push(["--bind-try"]);
+        a.path(binds.logs);
+        a.push(["/logs"]);
         if role == Role::System {
             // E2B's root empties it (see `stop`); the emulator runs root's commands here.
             a.push(["--bind-try"]);
@@ -477,6 +480,7 @@ fn check(b: &Bwrap) -> Result<(), String> {
             system: &home,
             tests: &home,
             verifier: &home,
+            logs: &home,
             passwd: &passwd,
             group: &group,
             shared: &[],

@@ -127,10 +127,9 @@ pub(super) fn ready_verifier(state: &SandboxState) -> io::Result<()> {
     for sub in ["home", "tmp"] {
         make_dir(&state.verifier.join(sub), 0o700, owner)?;
     }
-    // `/logs/verifier` in the sandbox: the verifier's to write, anyone's to read.
-    let logs = state.verifier.join("logs");
-    make_dir(&logs, 0o755, None)?;
-    make_dir(&logs.join("verifier"), 0o755, owner)?;
+    // `/logs/verifier`: the verifier's to write, anyone's to read. `/logs` was emptied
+    // above, so nothing the agent put there is left.
+    make_dir(&state.logs.join("verifier"), 0o755, owner)?;
     Ok(())
 }
 
@@ -141,6 +140,9 @@ pub(super) fn clear_verifier(state: &SandboxState) -> io::Result<()> {
     for (dir, owner) in [
         (state.dir.join(TESTS_DIR), state.file_owner()),
         (state.verifier.clone(), None),
+        // The sandbox user's, as `/tests` is, so E2B's root in the emulator can make
+        // `/logs/verifier` there.
+        (state.logs.clone(), state.file_owner()),
     ] {
         match empty_dir(&dir) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => make_dir(&dir, 0o755, owner)?,
