@@ -519,3 +519,31 @@ fn no_forgery_passes_a_failing_verify_on_the_e2b_backend() {
     support::attacks::check(&env.results());
     assert!(emu.live().is_empty(), "{:?}\n{}", emu.live(), text(&o));
 }
+
+/// Harbor tasks as they are on E2B: the verifier's reward is read from `/logs/verifier`.
+#[test]
+fn a_harbor_dataset_passes_under_oracle_and_fails_under_nop_on_the_e2b_backend() {
+    let dataset = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harbor/dataset");
+    let env = Env::new();
+    let emu = Emulator::start(&env.path("emu"), &[]);
+    for (harness, status, reward) in [("oracle", "passed", 1.0), ("nop", "failed", 0.0)] {
+        let out = env.path(harness);
+        let o = eval_cmd(
+            &env,
+            &emu,
+            &dataset,
+            &out,
+            &["--harness", harness, "-j", "2"],
+        )
+        .output()
+        .unwrap();
+        let results = results_in(&out);
+        assert_eq!(results.len(), 3, "{}", text(&o));
+        for r in &results {
+            assert_eq!(r["status"], status, "{r}");
+        }
+        let hello = results.iter().find(|r| r["id"] == "hello-file").unwrap();
+        assert_eq!(hello["reward"], reward, "{hello}");
+    }
+    assert!(emu.live().is_empty(), "{:?}", emu.live());
+}

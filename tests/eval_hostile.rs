@@ -147,6 +147,7 @@ fn a_task_whose_handling_panics_ends_as_error_its_sandbox_killed_and_the_run_goe
         shard: None,
         harness: "builtin".into(),
         attempts: 1,
+        image: None,
     })
     .unwrap();
     let backend = LocalBackend::open(&env.home()).unwrap();

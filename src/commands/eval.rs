@@ -43,9 +43,16 @@ pub enum VerifierKind {
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// Tasks file: JSON Lines, one task per line.
-    #[arg(long, value_name = "FILE")]
+    /// Tasks file (JSON Lines, one task per line), or a Harbor task directory, or a
+    /// directory of them (a dataset).
+    #[arg(long, value_name = "FILE|DIR")]
     tasks: PathBuf,
+    /// The image every task that names no environment runs on (an OCI reference).
+    #[arg(long, value_name = "REF")]
+    image: Option<String>,
+    /// The reward a verifier's reward file must reach for its task to pass.
+    #[arg(long, value_name = "X", default_value_t = 1.0, value_parser = super::bounds::amount)]
+    pass_threshold: f64,
     /// Where sandboxes run.
     #[arg(long, value_enum, default_value = "local")]
     backend: BackendKind,
@@ -114,9 +121,14 @@ pub struct EvalArgs {
     request_timeout: Duration,
     /// What runs in the runner: `builtin` (its own tool-calling loop), `pi` (the real pi
     /// agent loop, its npm packages bundled into one file once, in a cache under the state
-    /// dir, and that file sent to sandboxes), or a
+    /// dir, and that file sent to sandboxes), `oracle` (each task's reference solution, no
+    /// model), `nop` (submits at once, no model), or a
     /// directory holding `agent.mjs` that exports `runEpisode(ctx)` (sent with every episode).
-    #[arg(long, default_value = "builtin", value_name = "builtin|pi|DIR")]
+    #[arg(
+        long,
+        default_value = "builtin",
+        value_name = "builtin|pi|oracle|nop|DIR"
+    )]
     harness: String,
     /// A directory of skills (`<name>.md` files with `name` and `description` front
     /// matter): the system prompt lists them and the agent reads one with `read_skill`.
@@ -220,6 +232,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         shard,
         harness: args.harness.clone(),
         attempts: args.attempts,
+        image: args.image.clone(),
     })
     .map_err(|e| match e {
         PlanError::Tasks(t) => anyhow::Error::new(t),
@@ -232,6 +245,13 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             plan.unreadable_results,
             plan.out_dir.join("results.jsonl").display()
         );
+    }
+    if plan.harness.is_scripted() && args.model != "scripted" {
+        return Err(UsageError(format!(
+            "--harness {} asks no model: leave --model out",
+            plan.harness.name()
+        ))
+        .into());
     }
     let spend = spend_plan(&args)?;
     // Every model call goes through the run's meter, so caps see running tasks' tokens.
@@ -332,6 +352,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             transport_retries: args.transport_retries,
             sandbox: sandbox_limits,
             network,
+            pass_threshold: args.pass_threshold,
         },
         pool,
         provider,
@@ -372,8 +393,11 @@ fn run_provenance(
     pi_digest: Option<&str>,
     skills: Option<&wmo_e2b::skills::SkillSet>,
 ) -> Result<Provenance> {
-    let tasks_digest = wmo_e2b::digest::sha256_file(&args.tasks)
-        .with_context(|| format!("cannot read {}", args.tasks.display()))?;
+    let tasks_digest = match plan.tasks.held_digest() {
+        Some(digest) => digest.to_string(),
+        None => wmo_e2b::digest::sha256_file(&args.tasks)
+            .with_context(|| format!("cannot read {}", args.tasks.display()))?,
+    };
     let (harness, harness_digest) = provenance::harness_of(&plan.harness, pi_digest);
     let scripted = args.model == "scripted";
     let p = Provenance {

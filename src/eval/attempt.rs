@@ -11,8 +11,8 @@ use super::outcome::{Attempt, Progress};
 use super::results::{SandboxRecord, Status, TaskRecord};
 use super::sandbox_limits::within_limits;
 use super::verdict::{error_record, limit_record, outcome_record};
-use super::workspace::{error_text, prepare_workspace};
-use super::{verifier, EvalEvent, EvalRun};
+use super::workspace::{error_text, prepare_workspace, SandboxFailure};
+use super::{scripts, verifier, EvalEvent, EvalRun, Harness};
 use crate::cancel::CancelToken;
 use crate::environment::{self, Environment, SandboxEnvironment, WorldModelEnvironment};
 use crate::episode::{
@@ -20,7 +20,7 @@ use crate::episode::{
 };
 use crate::errors::{error_chain, panic_message};
 use crate::pool::{Pool, PoolError, Warm};
-use crate::task::Task;
+use crate::task::{Solution, Task, SOLUTION_DIR};
 use crate::terminal::escape;
 
 /// Runs `task` to its record, whatever its handling does: a panic (a bug here, or in a
@@ -67,6 +67,9 @@ impl Drop for Held<'_> {
 
 /// Runs `task` to its record.
 fn run_task(run: &EvalRun<'_>, task: &Task, transcripts: &Path) -> TaskRecord {
+    if let Err(why) = scripts::harness_script(&run.harness, task) {
+        return error_record(task, Status::Error, &Progress::default(), 1, why);
+    }
     let transcript_path = transcripts.join(format!("{}.jsonl", task.id));
     let mut transcript =
         Transcript::append(&transcript_path).unwrap_or_else(|_| Transcript::disabled());
@@ -215,6 +218,13 @@ fn episode_in(
         if let Err(end) = prepare_workspace(task, &sandbox, &ws, wall, &progress, attempt) {
             return end;
         }
+        if let (Harness::Oracle, Some(solution)) = (&run.harness, &task.solution) {
+            if let Err(e) = upload_solution(solution, &sandbox) {
+                let end = SandboxFailure::new(&e, "writing the reference solution", sandbox.home())
+                    .end(task, &progress, attempt);
+                return end;
+            }
+        }
     }
 
     // The episode.
@@ -281,6 +291,7 @@ fn episode_in(
         &progress,
         attempt,
         verify_secs,
+        run.limits.pass_threshold,
     );
     (
         Attempt::Done(Box::new(record)),
@@ -299,9 +310,11 @@ fn run_episode(
     cancel: &CancelToken,
 ) -> Result<EpisodeOutcome, episode::EpisodeError> {
     let tools = environment::default_tools();
+    // Checked before the task started: a harness script is there when the harness has one.
+    let harness_script = scripts::harness_script(&run.harness, task).ok().flatten();
     let mut config = EpisodeConfig {
         episode_id: crate::id::new_episode_id(),
-        harness: run.harness.name().to_string(),
+        harness: run.harness.runner_loop().to_string(),
         system: environment::system_prompt(ws, &tools),
         tools,
         // A runner that holds these files already is told their digest only.
@@ -325,7 +338,11 @@ fn run_episode(
         None => Box::new(SandboxEnvironment::new(
             warm.sandbox.clone(),
             ws.to_string(),
-            run.limits.bash_timeout,
+            // The oracle's one command is the reference solution: the task's time is its.
+            match run.harness {
+                Harness::Oracle => wall,
+                _ => run.limits.bash_timeout,
+            },
         )),
     };
     let mut ep = Episode {
@@ -333,7 +350,7 @@ fn run_episode(
             instruction: &task.instruction,
         },
         label: &task.id,
-        script: task.model_script.as_deref(),
+        script: harness_script.as_deref().or(task.model_script.as_deref()),
         config: &config,
         provider: run.provider.as_ref(),
         environment: env.as_ref(),
@@ -347,4 +364,16 @@ fn run_episode(
         warm.harness_files = config.files_digest.clone();
     }
     outcome
+}
+
+/// Writes the reference solution's files under [`SOLUTION_DIR`] for the oracle to run.
+fn upload_solution(
+    solution: &Solution,
+    sandbox: &std::sync::Arc<dyn crate::sandbox::Sandbox>,
+) -> Result<(), crate::sandbox::SandboxError> {
+    for (rel, content) in &solution.files {
+        let path = crate::sandbox::contained_path(SOLUTION_DIR, rel)?;
+        sandbox.write_file(&path, content.as_bytes())?;
+    }
+    Ok(())
 }

@@ -15,9 +15,11 @@ mod outcome;
 pub mod plan;
 pub mod provenance;
 pub mod results;
+pub mod reward;
 pub mod run_lock;
 mod sandbox_limits;
 pub mod schedule;
+mod scripts;
 pub mod shard;
 pub mod spend;
 mod summary;
@@ -62,6 +64,8 @@ pub struct EvalLimits {
     pub sandbox: crate::sandbox::Limits,
     /// The network the pool's sandboxes were made with (a task may narrow it).
     pub network: crate::sandbox::Network,
+    /// The reward a task's verifier must reach to pass (`--pass-threshold`).
+    pub pass_threshold: f64,
 }
 
 /// `verify`'s bound when neither the run nor the task names one.
@@ -79,6 +83,7 @@ impl Default for EvalLimits {
             transport_retries: 1,
             sandbox: crate::sandbox::Limits::defaults(),
             network: crate::sandbox::Network::Host,
+            pass_threshold: 1.0,
         }
     }
 }
@@ -134,6 +139,11 @@ pub enum Harness {
     /// A user's harness: files, `agent.mjs` exporting `runEpisode`, sent to each runner
     /// once and named by their digest after that.
     Files(HarnessFiles),
+    /// No agent: the task's reference solution runs, as tool calls the host makes through
+    /// the runner's own loop (see `scripts`); no model is asked.
+    Oracle,
+    /// No agent: submits at once, no model asked (a dataset's tests must fail it).
+    Nop,
 }
 
 /// A user harness's files and their digest (computed once: hashing them every episode
@@ -157,12 +167,28 @@ impl HarnessFiles {
 }
 
 impl Harness {
-    fn name(&self) -> &'static str {
+    /// The harness as records and provenance name it.
+    pub fn name(&self) -> &'static str {
         match self {
             Harness::Builtin => "builtin",
             Harness::Pi => "pi",
             Harness::Files(_) => "user",
+            Harness::Oracle => "oracle",
+            Harness::Nop => "nop",
         }
+    }
+
+    /// The loop the runner runs: oracle and nop are scripts played through its own.
+    fn runner_loop(&self) -> &'static str {
+        match self {
+            Harness::Oracle | Harness::Nop => "builtin",
+            other => other.name(),
+        }
+    }
+
+    /// Whether the harness plays a script of its own instead of asking a model.
+    pub fn is_scripted(&self) -> bool {
+        matches!(self, Harness::Oracle | Harness::Nop)
     }
 
     /// Whether the host vouches for the harness's code, which runs in the runner itself: a

@@ -13,7 +13,7 @@ use super::{Harness, HarnessFiles};
 use crate::pool::{self, PoolConfig};
 use crate::runner::BootstrapOpts;
 use crate::sandbox::{CreateSpec, Metadata, OnTimeout};
-use crate::task::{parse_shard_dir_name, TaskError, TaskList};
+use crate::task::{harbor, parse_shard_dir_name, EnvironmentSpec, Task, TaskError, TaskList};
 use crate::tree::{self, TreeBounds};
 
 /// What the user asked for, as the command line says it.
@@ -28,10 +28,12 @@ pub struct EvalOptions {
     /// Only the tasks whose stable id hash falls in this shard (already resolved: `--shard
     /// auto` is the command's to read from the engine).
     pub shard: Option<Shard>,
-    /// `builtin`, `pi`, or a directory holding `agent.mjs`.
+    /// `builtin`, `pi`, `oracle`, `nop`, or a directory holding `agent.mjs`.
     pub harness: String,
     /// Attempts of each task (`--attempts`, 1..=[`MAX_ATTEMPTS`]).
     pub attempts: u32,
+    /// The environment of every task that names none (`--image`).
+    pub image: Option<String>,
 }
 
 /// A run, ready to start: its tasks, its harness, and its output directory, locked.
@@ -65,6 +67,10 @@ pub enum PlanError {
     Locked(RunLockError),
     #[error(transparent)]
     Results(#[from] ResultsError),
+    #[error(
+        "task {id:?} names an environment ({what}), and images are not supported by this build yet"
+    )]
+    EnvironmentUnsupported { id: String, what: String },
     #[error("cannot create the output directory {path}")]
     Io {
         path: PathBuf,
@@ -77,7 +83,9 @@ impl PlanError {
     /// Bad options or input files (exit 2), rather than a machine that cannot run the plan.
     pub fn is_usage(&self) -> bool {
         match self {
-            PlanError::Usage(_) | PlanError::Tasks(_) => true,
+            PlanError::Usage(_)
+            | PlanError::Tasks(_)
+            | PlanError::EnvironmentUnsupported { .. } => true,
             PlanError::Locked(e) => matches!(e, RunLockError::Held { .. }),
             PlanError::Results(_) | PlanError::Io { .. } => false,
         }
@@ -99,10 +107,30 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
     }
     let shard = opts.shard;
     let harness = harness(&opts.harness)?;
-    // Every line is checked; only this shard's tasks are kept.
-    // Every line is checked; only this shard's tasks are kept, as places in the file.
-    let mut tasks =
-        TaskList::index_where(&opts.tasks_file, |t| shard.is_none_or(|s| s.holds(&t.id)))?;
+    if let Some(reference) = &opts.image {
+        crate::task::check_reference(reference)
+            .map_err(|why| PlanError::Usage(format!("--image: {why}")))?;
+    }
+    // Every task is checked; only this shard's are kept, as places in the tasks file (or
+    // held whole, read from task directories). Refused before anything starts: an
+    // environment this build cannot run.
+    let mut unsupported = None;
+    let mut keep = |t: &Task| {
+        let kept = shard.is_none_or(|s| s.holds(&t.id));
+        if kept && unsupported.is_none() {
+            unsupported = refuse_environment(t, opts.image.as_deref()).err();
+        }
+        kept
+    };
+    let mut tasks = if opts.tasks_file.is_dir() {
+        let (all, digest) = harbor::load_dataset(&opts.tasks_file).map_err(TaskError::from)?;
+        TaskList::held(&opts.tasks_file, all, digest, &mut keep)
+    } else {
+        TaskList::index_where(&opts.tasks_file, &mut keep)?
+    };
+    if let Some(refused) = unsupported {
+        return Err(refused);
+    }
     let base = opts.out.clone().unwrap_or_else(default_out_dir);
     let out_dir = match shard {
         Some(s) => {
@@ -217,11 +245,31 @@ impl EvalPlan {
     }
 }
 
-/// `builtin`, `pi`, or a directory of the user's harness (read and checked now).
+/// The one place a task naming an environment is refused, until images run: remove this
+/// (and its call) when they do.
+fn refuse_environment(task: &Task, default_image: Option<&str>) -> Result<(), PlanError> {
+    let what = match (&task.environment, default_image) {
+        (Some(EnvironmentSpec::Image(r)), _) => format!("image {r:?}"),
+        (Some(EnvironmentSpec::Dockerfile { path, .. }), _) => {
+            format!("Dockerfile {}", path.display())
+        }
+        (None, Some(r)) => format!("--image {r:?}"),
+        (None, None) => return Ok(()),
+    };
+    Err(PlanError::EnvironmentUnsupported {
+        id: crate::terminal::escape(&task.id).into_owned(),
+        what,
+    })
+}
+
+/// `builtin`, `pi`, `oracle`, `nop`, or a directory of the user's harness (read and
+/// checked now).
 fn harness(name: &str) -> Result<Harness, PlanError> {
     Ok(match name {
         "builtin" => Harness::Builtin,
         "pi" => Harness::Pi,
+        "oracle" => Harness::Oracle,
+        "nop" => Harness::Nop,
         dir => {
             let files = tree::read_harness(Path::new(dir), TreeBounds::default())
                 .map_err(|e| PlanError::Usage(format!("--harness {dir}: {e}")))?;

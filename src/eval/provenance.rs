@@ -64,6 +64,7 @@ pub fn harness_of(harness: &Harness, pi_bundle: Option<&str>) -> (String, Option
             )
         }
         Harness::Files(files) => ("user".into(), Some(files.digest.clone())),
+        Harness::Oracle | Harness::Nop => (harness.name().into(), None),
     }
 }
 

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::provenance::Provenance;
 use super::schedule::{FinishedAttempts, FIRST_ATTEMPT, MAX_ATTEMPTS};
+use super::reward::{Reward, RewardError};
 use super::spend::CostRecord;
 use crate::episode::{StopReason, TokenMeter};
 use crate::sync::lock;
@@ -42,6 +43,9 @@ pub struct VerifyRecord {
     pub exit_code: Option<i32>,
     pub timed_out: bool,
     pub output_tail: String,
+    /// The reward file the verifier left, parsed (moved to the record's `reward`).
+    #[serde(skip)]
+    pub reward: Option<Result<Reward, RewardError>>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -86,6 +90,9 @@ pub struct TaskRecord {
     pub attempts: u32,
     pub retries: Retries,
     pub error: Option<String>,
+    /// What the verifier scored, as its reward file gave it (a number, or named metrics).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reward: Option<Reward>,
     /// What the task cost, when prices are known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostRecord>,

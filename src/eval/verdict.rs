@@ -76,6 +76,7 @@ pub(super) fn outcome_record(
     p: &Progress,
     attempts: u32,
     verify_secs: f64,
+    pass_threshold: f64,
 ) -> TaskRecord {
     // A provider that could not serve the episode is an infrastructure error, not a verdict:
     // `provider_error` with status `error` is what `--resume` runs again.
@@ -85,20 +86,33 @@ pub(super) fn outcome_record(
         }
         _ => (o.stop_reason, o.note.clone()),
     };
+    let mut verify = verify;
+    let reward = verify.as_mut().and_then(|v| v.reward.take());
     let status = match (stop_reason, &verify) {
         (StopReason::Cancelled, _) => Status::Cancelled,
         // The agent's doing, whatever the workspace says.
         (StopReason::Oom | StopReason::Pids | StopReason::Disk, _) => Status::Failed,
         _ if o.provider_failure.is_some() => Status::Error,
         (StopReason::Error, _) => Status::Error,
-        (_, Some(v)) if v.exit_code == Some(0) && !v.timed_out => Status::Passed,
+        (_, Some(v)) if v.timed_out => Status::Failed,
+        // A reward, when the verifier left one, is the verdict; a malformed one fails.
+        (_, Some(_)) if reward.is_some() => match &reward {
+            Some(Ok(r)) if r.passes(pass_threshold) => Status::Passed,
+            _ => Status::Failed,
+        },
+        (_, Some(v)) if v.exit_code == Some(0) => Status::Passed,
         (_, Some(_)) => Status::Failed,
         (StopReason::Submit, None) => Status::Passed,
         (_, None) => Status::Failed,
     };
     let mut all = p.clone();
     all.counters += o.counters;
-    record(
+    let (reward, error) = match reward {
+        Some(Ok(r)) => (Some(r), error),
+        Some(Err(e)) => (None, Some(format!("malformed reward: {e}"))),
+        None => (None, error),
+    };
+    let mut r = record(
         task,
         status,
         stop_reason,
@@ -108,7 +122,9 @@ pub(super) fn outcome_record(
         attempts,
         verify_secs,
         error,
-    )
+    );
+    r.reward = reward;
+    r
 }
 
 /// Bytes of a record's answer kept: one `results.jsonl` line stays a size every reader can
@@ -175,6 +191,7 @@ fn record(
             provider: p.counters.provider_retries,
         },
         error: error.map(|e| bounded(e, MAX_ERROR_BYTES)),
+        reward: None,
         cost: None,
         provenance: None,
     }

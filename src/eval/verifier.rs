@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::attempt::Held;
 use super::results::VerifyRecord;
+use super::reward;
 use super::workspace::{error_text, SandboxFailure};
 use super::EvalRun;
 use crate::pool::Warm;
@@ -71,6 +72,7 @@ pub(super) fn verify(
                 exit_code: None,
                 timed_out: false,
                 output_tail: why,
+                reward: None,
             },
         },
     };
@@ -101,16 +103,24 @@ fn verify_in(
         role: Role::Verify,
         timeout,
         max_output: VERIFY_TAIL,
-        ..RunOpts::default()
+        // The task's verifier variables reach this command alone, never the agent's.
+        envs: task
+            .verify_env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     };
-    match sandbox.run(cmd, &opts) {
-        Ok(out) => Ok(VerifyRecord {
-            exit_code: out.exit_code,
-            timed_out: out.timed_out,
-            output_tail: format!("{}{}", out.stdout.to_text(), out.stderr.to_text()),
-        }),
-        Err(e) => Err(failed(&e, "running verify")),
-    }
+    let out = sandbox
+        .run(cmd, &opts)
+        .map_err(|e| failed(&e, "running verify"))?;
+    // Read whatever the exit: a test script may score and still exit non-zero.
+    let reward = reward::read(sandbox).map_err(|e| failed(&e, "reading the reward"))?;
+    Ok(VerifyRecord {
+        exit_code: out.exit_code,
+        timed_out: out.timed_out,
+        output_tail: format!("{}{}", out.stdout.to_text(), out.stderr.to_text()),
+        reward,
+    })
 }
 
 /// The workspace as a tar stream, read as the verifier (nothing of the agent runs by now);
@@ -194,6 +204,7 @@ fn verify_separately(
                     "the workspace could not be unpacked for the verifier: {}",
                     out.stderr.to_text()
                 ),
+                reward: None,
             });
         }
         sandbox

@@ -174,23 +174,12 @@ mod tests {
     use crate::task::{ScriptedToolCall, Task};
 
     fn task(script: Option<Vec<ScriptStep>>) -> Task {
-        Task {
-            id: "t1".into(),
-            instruction: "do it".into(),
-            files: Default::default(),
-            tests: Default::default(),
-            setup: None,
-            verify: None,
-            timeout_s: None,
-            verify_timeout_s: None,
-            max_turns: None,
-            metadata: Default::default(),
-            model_script: script,
-            world_script: None,
-            limits: None,
-            network: None,
-            line: 1,
-        }
+        let mut task = Task::default();
+        task.id = "t1".into();
+        task.instruction = "do it".into();
+        task.model_script = script;
+        task.line = 1;
+        task
     }
 
     fn complete(

@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+mod environment;
+pub mod harbor;
 mod read;
 
+pub use environment::{check_reference, EnvironmentSpec, Solution, SOLUTION_DIR};
 pub use read::{load_tasks, load_tasks_where, parse_tasks, TaskEntry, TaskList, MAX_LINE_BYTES};
 
 /// One step of a task's `model_script`: what the scripted model answers to one call.
@@ -42,7 +45,7 @@ fn empty_object() -> Value {
     Value::Object(Map::new())
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Task {
     pub id: String,
@@ -78,6 +81,21 @@ pub struct Task {
     /// The network the task's sandbox gets; it can only narrow the run's (`eval --network`).
     #[serde(default)]
     pub network: Option<crate::sandbox::Network>,
+    /// Variables handed to `verify` only (never to the agent's commands).
+    #[serde(default)]
+    pub verify_env: BTreeMap<String, String>,
+    /// The reference solution `--harness oracle` runs instead of an agent.
+    #[serde(default)]
+    pub solution: Option<Solution>,
+    /// Tasks-file field `image`: read into `environment` by the parser.
+    #[serde(default)]
+    image: Option<String>,
+    /// Tasks-file field `dockerfile`, relative to the tasks file: read into `environment`.
+    #[serde(default)]
+    dockerfile: Option<String>,
+    /// What the task runs on; `None` runs it as every task ran before images.
+    #[serde(skip)]
+    pub environment: Option<EnvironmentSpec>,
     /// Its 1-based line in the tasks file (provenance), set by the parser.
     #[serde(skip)]
     pub line: usize,
@@ -112,6 +130,9 @@ pub enum TaskError {
     },
     #[error("{path}: the file holds no tasks")]
     Empty { path: PathBuf },
+    /// A Harbor task directory (or dataset) that cannot be run.
+    #[error(transparent)]
+    Harbor(#[from] harbor::HarborError),
     /// The file changed after it was checked: a task is never run from a line it was not
     /// checked on.
     #[error("{path} changed while the run was using it: line {line} no longer holds task {id:?}; do not edit a tasks file a run is reading (copy it first)")]
@@ -200,6 +221,13 @@ fn validate(task: &Task) -> Result<(), String> {
     }
     if task.max_turns == Some(0) {
         return Err("field `max_turns`: must be at least 1".into());
+    }
+    environment::check_verify_env(&task.verify_env)?;
+    if let Some(solution) = &task.solution {
+        check_file_paths("solution.files", &solution.files)?;
+        if solution.command.trim().is_empty() {
+            return Err("field `solution.command`: must not be empty".into());
+        }
     }
     if let Some(limits) = &task.limits {
         limits
@@ -440,6 +468,66 @@ mod tests {
         assert_eq!(reported.len(), MAX_BAD_LINES + 1, "{e}");
         assert!(reported[19].starts_with("t.jsonl:20:"), "{e}");
         assert_eq!(reported[20], "... and 5 more bad lines", "{e}");
+    }
+
+    #[test]
+    fn a_line_names_one_environment_read_relative_to_the_tasks_file() {
+        let t = parse_tasks(
+            Path::new("sets/t.jsonl"),
+            concat!(
+                r#"{"id":"i","instruction":"x","image":"alpine:3.20"}"#,
+                "\n",
+                r#"{"id":"d","instruction":"x","dockerfile":"envs/a/Dockerfile"}"#,
+                "\n",
+                r#"{"id":"n","instruction":"x","verify_env":{"K":"v"},"solution":{"command":"true"}}"#,
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            t[0].environment,
+            Some(EnvironmentSpec::Image("alpine:3.20".into()))
+        );
+        assert_eq!(
+            t[1].environment,
+            Some(EnvironmentSpec::Dockerfile {
+                path: "sets/envs/a/Dockerfile".into(),
+                context: "sets/envs/a".into(),
+            })
+        );
+        assert_eq!(t[2].environment, None);
+        assert_eq!(t[2].verify_env["K"], "v");
+
+        for (line, field) in [
+            (
+                r#"{"id":"b","instruction":"x","image":"a","dockerfile":"Dockerfile"}"#,
+                "`image` and `dockerfile`",
+            ),
+            (r#"{"id":"b","instruction":"x","image":"a b"}"#, "`image`"),
+            (
+                r#"{"id":"b","instruction":"x","dockerfile":"../Dockerfile"}"#,
+                "`dockerfile`",
+            ),
+            (
+                r#"{"id":"b","instruction":"x","solution":{"files":{"../x":""},"command":"true"}}"#,
+                "`solution.files`",
+            ),
+            (
+                r#"{"id":"b","instruction":"x","solution":{"command":" "}}"#,
+                "`solution.command`",
+            ),
+            (
+                r#"{"id":"b","instruction":"x","verify_env":{"PATH":"/x"}}"#,
+                "`verify_env`",
+            ),
+        ] {
+            let e = parse(&format!("{{\"id\":\"ok\",\"instruction\":\"x\"}}\n{line}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("t.jsonl:2:") && e.contains(field),
+                "{line}: {e}"
+            );
+        }
     }
 
     #[test]

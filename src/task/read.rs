@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::io::{BufRead, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use super::environment::resolve_environment;
 use super::{parse_line, validate, BadLine, Task, TaskError, MAX_BAD_LINES};
 
 /// Longest tasks-file line read: a longer one is a bad line, not a reason to hold it.
@@ -31,7 +32,7 @@ pub fn load_tasks_where(
 }
 
 pub fn parse_tasks(path: &Path, text: &str) -> Result<Vec<Task>, TaskError> {
-    let mut check = Checker::default();
+    let mut check = Checker::new(path);
     let mut kept = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if let Some(task) = check.line(i + 1, line) {
@@ -53,13 +54,16 @@ pub struct TaskEntry {
 }
 
 /// The tasks a run selected, as places in the checked file: ids and offsets are all that
-/// is held, so a file of any size costs memory for its ids, not its tasks.
+/// is held, so a file of any size costs memory for its ids, not its tasks. Tasks read from
+/// task directories (see `harbor`) are held whole instead: their reading is bounded.
 #[derive(Debug, Clone)]
 pub struct TaskList {
     path: PathBuf,
     entries: Vec<TaskEntry>,
     /// The longest `timeout_s` among the selected tasks (sandbox leases are sized by it).
     max_timeout_s: Option<f64>,
+    /// Tasks held whole, with the digest of everything they were read from.
+    held: Option<(Vec<Task>, String)>,
 }
 
 impl TaskList {
@@ -73,6 +77,7 @@ impl TaskList {
             path: path.to_path_buf(),
             entries: Vec::new(),
             max_timeout_s: None,
+            held: None,
         };
         scan(path, MAX_LINE_BYTES, |task, (offset, len)| {
             if keep(&task) {
@@ -88,6 +93,40 @@ impl TaskList {
             }
         })?;
         Ok(list)
+    }
+
+    /// Tasks already read and checked (from task directories under `path`), the ones `keep`
+    /// selects; `digest` names everything they were read from.
+    pub fn held(
+        path: &Path,
+        tasks: Vec<Task>,
+        digest: String,
+        mut keep: impl FnMut(&Task) -> bool,
+    ) -> TaskList {
+        let tasks: Vec<Task> = tasks.into_iter().filter(|t| keep(t)).collect();
+        let entries = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, t)| TaskEntry {
+                id: t.id.clone(),
+                line: t.line,
+                offset: i as u64,
+                len: 0,
+            })
+            .collect();
+        let max_timeout_s = tasks.iter().filter_map(|t| t.timeout_s).reduce(f64::max);
+        TaskList {
+            path: path.to_path_buf(),
+            entries,
+            max_timeout_s,
+            held: Some((tasks, digest)),
+        }
+    }
+
+    /// The digest of the task directories held tasks were read from (`None` for a tasks
+    /// file, whose own digest says it).
+    pub fn held_digest(&self) -> Option<&str> {
+        self.held.as_ref().map(|(_, digest)| digest.as_str())
     }
 
     pub fn entries(&self) -> &[TaskEntry] {
@@ -115,6 +154,18 @@ impl TaskList {
     /// (that line no longer holds that task, or is no longer valid) is an error, never
     /// another task run in its place.
     pub fn load(&self, entry: &TaskEntry) -> Result<Task, TaskError> {
+        if let Some((tasks, _)) = &self.held {
+            // Held whole: never read again, so never changed.
+            return usize::try_from(entry.offset)
+                .ok()
+                .and_then(|i| tasks.get(i))
+                .cloned()
+                .ok_or_else(|| TaskError::Changed {
+                    path: self.path.clone(),
+                    line: entry.line,
+                    id: entry.id.clone(),
+                });
+        }
         let read_err = |source| TaskError::Read {
             path: self.path.clone(),
             source,
@@ -129,8 +180,11 @@ impl TaskList {
         let mut bytes = vec![0u8; entry.len];
         file.read_exact(&mut bytes).map_err(|_| changed())?;
         let text = std::str::from_utf8(&bytes).map_err(|_| changed())?;
-        let task = parse_line(text.trim()).map_err(|_| changed())?;
-        if task.id != entry.id || validate(&task).is_err() {
+        let mut task = parse_line(text.trim()).map_err(|_| changed())?;
+        if task.id != entry.id
+            || resolve_environment(&mut task, &self.path).is_err()
+            || validate(&task).is_err()
+        {
             return Err(changed());
         }
         Ok(Task {
@@ -153,7 +207,7 @@ fn scan(
     };
     let file = std::fs::File::open(path).map_err(read_err)?;
     let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
-    let mut check = Checker::default();
+    let mut check = Checker::new(path);
     let mut buf = Vec::new();
     let mut line_no = 0;
     let mut offset: u64 = 0;
@@ -198,8 +252,9 @@ fn scan(
 }
 
 /// Validates lines one by one: what a tasks file must be, wherever its lines come from.
-#[derive(Default)]
 struct Checker {
+    /// The tasks file, which paths in its tasks are relative to.
+    file: PathBuf,
     bad: Vec<BadLine>,
     more: usize,
     /// Ids of every line that parsed, valid or not: a repeat is a bad line either way.
@@ -209,6 +264,16 @@ struct Checker {
 }
 
 impl Checker {
+    fn new(file: &Path) -> Checker {
+        Checker {
+            file: file.to_path_buf(),
+            bad: Vec::new(),
+            more: 0,
+            seen: HashSet::new(),
+            valid: 0,
+        }
+    }
+
     /// The task on `line_no`, or `None` (a blank or comment line, or a bad one, recorded).
     fn line(&mut self, line_no: usize, line: &str) -> Option<Task> {
         let trimmed = line.trim();
@@ -216,13 +281,15 @@ impl Checker {
             return None;
         }
         let seen = &mut self.seen;
-        let checked = parse_line(trimmed).and_then(|task| {
+        let file = &self.file;
+        let checked = parse_line(trimmed).and_then(|mut task| {
             if !seen.insert(task.id.clone()) {
                 return Err(format!(
                     "field `id`: duplicate task id {:?} (ids must be unique)",
                     task.id
                 ));
             }
+            resolve_environment(&mut task, file)?;
             validate(&task).map(|()| task)
         });
         match checked {

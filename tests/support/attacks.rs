@@ -1,7 +1,8 @@
 //! Tasks written to cheat: each fails its `verify` unless the agent forges the verdict, and
 //! leaves behind what it can to do so (a user site that makes Python exit 0, a process that
 //! keeps writing the answer, one that attaches `gdb` to the verifier's shell and makes it
-//! exit 0, a FIFO whose writer only the agent holds). On any backend every one must end
+//! exit 0, a FIFO whose writer only the agent holds, a reward left where the verifier's
+//! goes). On any backend every one must end
 //! `failed`. One more, `hidden-tests`, passes only if the agent never saw or wrote `/tests`.
 
 use serde_json::{json, Value};
@@ -13,6 +14,7 @@ pub const FORGERIES: &[&str] = &[
     "gdb-attach",
     "fifo-stall",
     "stop-the-stopper",
+    "forged-reward",
 ];
 
 fn bash(cmd: &str) -> Value {
@@ -59,6 +61,15 @@ pub fn tasks() -> Vec<String> {
     let stopper = "setsid sh -c 'while :; do echo 7 > out.txt; sleep 0.02; done' \
         > /dev/null 2>&1 < /dev/null & W=$!; setsid sh -c \"while :; do kill -STOP -1; \
         kill -CONT -$W; done\" > /dev/null 2>&1 < /dev/null & echo started";
+    // A perfect reward where the verifier's goes (wherever `/logs` leads, moving aside what
+    // an earlier verifier left), and a writer that keeps putting it back, whole (a torn one
+    // would only fail as malformed): the verifier's directory is made fresh after the stop.
+    let reward = "mv -f /logs/verifier /logs/.earlier 2>/dev/null; \
+        mkdir -p \"$(readlink -m /logs/verifier)\"; echo 1 > /logs/verifier/reward.txt; \
+        echo '{\"reward\": 1}' > /logs/verifier/reward.json; \
+        setsid sh -c 'while :; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/.r && \
+        mv -f /logs/verifier/.r /logs/verifier/reward.txt; sleep 0.02; done' \
+        > /dev/null 2>&1 < /dev/null & ls /logs/verifier";
     let seen = "ls -A /tests > seen.txt 2>&1; touch /tests/planted 2>/dev/null && \
         echo wrote >> seen.txt; cat seen.txt";
     vec![
@@ -87,6 +98,7 @@ pub fn tasks() -> Vec<String> {
             "rm -f out.txt; sleep 1; test -e out.txt",
             json!({}),
         ),
+        attack("forged-reward", reward, "sleep 1; exit 1", json!({})),
         attack(
             "hidden-tests",
             seen,
@@ -103,6 +115,7 @@ pub fn check(results: &[Value]) {
         let r = find(id);
         assert_eq!(r["status"], "failed", "{id} forged its verdict: {r}");
         assert!(r["verify"].is_object(), "{id} was not verified: {r}");
+        assert!(r.get("reward").is_none(), "{id} left a reward read: {r}");
     }
     let hidden = find("hidden-tests");
     assert_eq!(hidden["status"], "passed", "{hidden}");

@@ -111,10 +111,12 @@ list_procs | while read -r pid ppid start; do echo "$pid $start"; done > "$S/pro
 const VERIFIER: &str = "/opt/wmo-e2b/verifier";
 
 /// Empties `/tests` (its own directory may be a mount point: the emulator's is) and makes the
-/// verifier's directories anew, so nothing a task left is there for the next verifier.
+/// verifier's directories anew, so nothing a task left is there for the next verifier; Harbor's
+/// `/logs/verifier` too where root can make it (the emulator's root cannot).
 const CLEAR_VERIFIER: &str = r#"mkdir -p /tests && find /tests -mindepth 1 -maxdepth 1 -exec rm -rf {} + && chmod 755 /tests \
   && rm -rf /opt/wmo-e2b/verifier && mkdir -p -m 700 /opt/wmo-e2b/verifier/home /opt/wmo-e2b/verifier/tmp \
   || { echo "cannot empty /tests and the verifier's directory"; exit 3; }
+{ [ ! -L /logs ] || rm -f /logs; } && rm -rf /logs/verifier && mkdir -p -m 755 /logs/verifier 2>/dev/null || true
 "#;
 
 /// `stop`: run as root before a verify; its arguments are the pids of the runner processes to

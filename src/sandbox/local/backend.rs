@@ -18,8 +18,8 @@ use super::holder_start;
 use super::id_range;
 use super::isolation::{self, Isolation, IsolationChoice};
 use super::meta::{
-    self, Meta, MetaError, PROCS_DIR, ROOT_DIR, STAGING_PREFIX, SYSTEM_DIR, TESTS_DIR, TMP_DIR,
-    TOMB_PREFIX, VERIFIER_DIR,
+    self, Meta, MetaError, LOGS_DIR, PROCS_DIR, ROOT_DIR, STAGING_PREFIX, SYSTEM_DIR, TESTS_DIR,
+    TMP_DIR, TOMB_PREFIX, VERIFIER_DIR,
 };
 use super::netns;
 use super::ns::{Space, NS_DIR};
@@ -253,6 +253,7 @@ impl LocalBackend {
                 (TMP_DIR, 0o1777),
                 (SYSTEM_DIR, 0o700),
                 (TESTS_DIR, 0o755),
+                (LOGS_DIR, 0o755),
             ] {
                 let path = staging.join(dir);
                 fs::create_dir(&path)?;

@@ -66,6 +66,7 @@ fn check_mapped(bwrap: &Bwrap, exe: &Path) -> Result<(), String> {
         system: &scratch,
         tests: &scratch,
         verifier: &scratch,
+        logs: &scratch,
         passwd: Path::new("/dev/null"),
         group: Path::new("/dev/null"),
         shared: &[],

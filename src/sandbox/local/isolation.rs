@@ -346,6 +346,8 @@ pub(super) struct Binds<'a> {
     /// namespaces only.
     pub tests: &'a Path,
     pub verifier: &'a Path,
+    /// `/logs`, in every namespace.
+    pub logs: &'a Path,
     /// The identity files written beside the sandboxes.
     pub passwd: &'a Path,
     pub group: &'a Path,
@@ -383,6 +385,12 @@ impl Bwrap {
             a.path(binds.verifier);
             a.push([BWRAP_VERIFIER]);
         }
+        // Harbor's tests leave their reward in `/logs/verifier`, emptied and made the
+        // verifier's own after the agent is stopped (see `stop`); E2B's root (the emulator
+        // runs its commands as `System`) makes it there.
+        a.push(["--bind-try"]);
+        a.path(binds.logs);
+        a.push(["/logs"]);
         if role == Role::System {
             // E2B's root empties it (see `stop`); the emulator runs root's commands here.
             a.push(["--bind-try"]);
@@ -494,6 +502,7 @@ fn check(b: &Bwrap) -> Result<(), String> {
             system: &home,
             tests: &home,
             verifier: &home,
+            logs: &home,
             passwd: &passwd,
             group: &group,
             shared: &[],

@@ -29,6 +29,8 @@ pub(super) const SYSTEM_DIR: &str = "system";
 pub(super) const TESTS_DIR: &str = "tests";
 /// The verifier's own `HOME` and `TMPDIR`, made anew before each verify (see `stop`).
 pub(super) const VERIFIER_DIR: &str = "verifier";
+/// `/logs` in the sandbox, where Harbor's verifier leaves its reward (see `stop`).
+pub(super) const LOGS_DIR: &str = "logs";
 /// The copy of the home and `/tmp` that `reset` restores.
 pub(super) const SEALED_DIR: &str = "sealed";
 

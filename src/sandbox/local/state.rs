@@ -69,6 +69,8 @@ pub(super) struct SandboxState {
     mounts: Vec<Mount>,
     /// `<dir>/verifier`: the verifier's `HOME` and `TMPDIR` (see `stop`).
     pub verifier: PathBuf,
+    /// `<dir>/logs`: `/logs` in the sandbox (see `stop`).
+    pub logs: PathBuf,
     pub envs: Vec<(String, String)>,
     host: Arc<HostConfig>,
     /// Unix seconds. A cache: when it passes, meta.json is read again, since another wmo-e2b
@@ -142,6 +144,7 @@ impl SandboxState {
             .map_or_else(String::new, |m| m.at.clone());
         Ok(SandboxState {
             verifier: dir.join(meta::VERIFIER_DIR),
+            logs: dir.join(meta::LOGS_DIR),
             id: meta.id.clone(),
             dir,
             sandboxes: sandboxes.to_path_buf(),
@@ -176,6 +179,7 @@ impl SandboxState {
             system: &self.mounts[2].host,
             tests: &self.mounts[3].host,
             verifier: &self.verifier,
+            logs: &self.logs,
             passwd: &self.host.passwd,
             group: &self.host.group,
             shared: &self.host.system_read_only,

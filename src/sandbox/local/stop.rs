@@ -124,6 +124,9 @@ pub(super) fn ready_verifier(state: &SandboxState) -> io::Result<()> {
     for sub in ["home", "tmp"] {
         make_dir(&state.verifier.join(sub), 0o700, owner)?;
     }
+    // `/logs/verifier`: the verifier's to write, anyone's to read. `/logs` was emptied
+    // above, so nothing the agent put there is left.
+    make_dir(&state.logs.join("verifier"), 0o755, owner)?;
     Ok(())
 }
 
@@ -134,6 +137,9 @@ pub(super) fn clear_verifier(state: &SandboxState) -> io::Result<()> {
     for (dir, owner) in [
         (state.dir.join(TESTS_DIR), state.file_owner()),
         (state.verifier.clone(), None),
+        // The sandbox user's, as `/tests` is, so E2B's root in the emulator can make
+        // `/logs/verifier` there.
+        (state.logs.clone(), state.file_owner()),
     ] {
         match empty_dir(&dir) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => make_dir(&dir, 0o755, owner)?,
