@@ -288,8 +288,12 @@ impl FrontState {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.clone())
         };
-        let (status, extra, body, declared) =
-            self.answer(&path, header("accept"), header("authorization"));
+        let Answer {
+            status,
+            headers: extra,
+            body,
+            declared,
+        } = self.answer(&path, header("accept"), header("authorization"));
         self.seen.lock().unwrap().push(Seen {
             path: path.clone(),
             status,
@@ -309,21 +313,14 @@ impl FrontState {
         out.flush()
     }
 
-    /// (status, headers, body, a `Content-Length` other than the body's).
-    fn answer(
-        &self,
-        path: &str,
-        accept: Option<String>,
-        authorization: Option<String>,
-    ) -> (u16, Vec<(String, String)>, Vec<u8>, Option<usize>) {
+    fn answer(&self, path: &str, accept: Option<String>, authorization: Option<String>) -> Answer {
         if let Some(token) = &self.faults.bearer {
             if path.starts_with("/token") {
                 let body = format!(r#"{{"token":"{token}"}}"#).into_bytes();
-                return (
+                return Answer::new(
                     200,
                     vec![("Content-Type".into(), "application/json".into())],
                     body,
-                    None,
                 );
             }
             if authorization.as_deref() != Some(&format!("Bearer {token}")) {
@@ -332,11 +329,10 @@ impl FrontState {
                 let challenge = format!(
                     r#"Bearer realm="{realm}",service="front",scope="repository:test:pull""#
                 );
-                return (
+                return Answer::new(
                     401,
                     vec![("WWW-Authenticate".into(), challenge)],
                     Vec::new(),
-                    None,
                 );
             }
         }
@@ -344,12 +340,7 @@ impl FrontState {
             let mut throttled = self.throttled.lock().unwrap();
             if *throttled < self.faults.throttle {
                 *throttled += 1;
-                return (
-                    429,
-                    vec![("Retry-After".into(), "1".into())],
-                    Vec::new(),
-                    None,
-                );
+                return Answer::new(429, vec![("Retry-After".into(), "1".into())], Vec::new());
             }
         }
         let mut request = self.agent.get(format!("http://{}{path}", self.upstream));
@@ -357,7 +348,7 @@ impl FrontState {
             request = request.header("Accept", accept);
         }
         let Ok(mut response) = request.call() else {
-            return (502, Vec::new(), Vec::new(), None);
+            return Answer::new(502, Vec::new(), Vec::new());
         };
         let status = response.status().as_u16();
         let mut headers = Vec::new();
@@ -384,7 +375,31 @@ impl FrontState {
                 body.truncate(body.len() / 2);
             }
         }
-        (status, headers, body, declared)
+        Answer {
+            status,
+            headers,
+            body,
+            declared,
+        }
+    }
+}
+
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    /// A `Content-Length` other than the body's.
+    declared: Option<usize>,
+}
+
+impl Answer {
+    fn new(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Answer {
+        Answer {
+            status,
+            headers,
+            body,
+            declared: None,
+        }
     }
 }
 
