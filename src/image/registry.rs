@@ -259,10 +259,9 @@ impl RegistryClient {
                 service,
                 scope,
             }) => {
-                let realm_host = realm_host(&realm)
-                    .ok_or_else(|| unauthorized("its token realm is not an http(s) URL"))?;
-                if realm.starts_with("http://") && !self.config.plain_http_allowed(&realm_host) {
-                    return Err(ImageError::PlainHttpRefused { url: realm });
+                // Whether it may be reached over plain HTTP is decided with every request.
+                if url_host(&realm).is_none() {
+                    return Err(unauthorized("its token realm is not an http(s) URL"));
                 }
                 let scope = scope.unwrap_or_else(|| format!("repository:{repository}:pull"));
                 let token = self.token(&realm, service.as_deref(), &scope, credentials)?;
@@ -291,7 +290,7 @@ impl RegistryClient {
         let status = response.status().as_u16();
         if !(200..300).contains(&status) {
             return Err(ImageError::Unauthorized {
-                registry: realm_host(realm).unwrap_or_default(),
+                registry: url_host(realm).unwrap_or_default(),
                 why: format!("the token service answered {status}"),
             });
         }
@@ -303,7 +302,7 @@ impl RegistryClient {
         }
         let answer: TokenAnswer =
             serde_json::from_slice(&bytes).map_err(|_| ImageError::Unauthorized {
-                registry: realm_host(realm).unwrap_or_default(),
+                registry: url_host(realm).unwrap_or_default(),
                 why: "the token service's answer is not JSON with a token".into(),
             })?;
         answer
@@ -312,7 +311,7 @@ impl RegistryClient {
             // The token goes into a header: printable ASCII only.
             .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic()))
             .ok_or_else(|| ImageError::Unauthorized {
-                registry: realm_host(realm).unwrap_or_default(),
+                registry: url_host(realm).unwrap_or_default(),
                 why: "the token service's answer holds no usable token".into(),
             })
     }
@@ -326,7 +325,7 @@ impl RegistryClient {
         attempt: impl Fn() -> Result<Response<Body>, ureq::Error>,
     ) -> Result<Response<Body>, ImageError> {
         if url.starts_with("http://")
-            && !realm_host(url).is_some_and(|h| self.config.plain_http_allowed(&h))
+            && !url_host(url).is_some_and(|h| self.config.plain_http_allowed(&h))
         {
             return Err(ImageError::PlainHttpRefused {
                 url: url.to_string(),
@@ -396,7 +395,7 @@ pub(super) fn read_document(what: &str, body: &mut Body) -> Result<Vec<u8>, Imag
 }
 
 /// The `host[:port]` of an http(s) URL.
-fn realm_host(url: &str) -> Option<String> {
+fn url_host(url: &str) -> Option<String> {
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))?;
@@ -429,12 +428,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn realm_hosts_refuse_userinfo() {
+    fn url_hosts_refuse_userinfo() {
         assert_eq!(
-            realm_host("https://auth.io:8443/token?x=1").as_deref(),
+            url_host("https://auth.io:8443/token?x=1").as_deref(),
             Some("auth.io:8443")
         );
-        assert_eq!(realm_host("http://u:p@127.0.0.1/t"), None);
-        assert_eq!(realm_host("ftp://x/t"), None);
+        assert_eq!(url_host("http://u:p@127.0.0.1/t"), None);
+        assert_eq!(url_host("ftp://x/t"), None);
     }
 }
