@@ -434,3 +434,45 @@ fn mirrors_are_tried_first_and_a_dead_one_falls_back_to_the_registry() {
     );
     assert_busybox_config(&pull(&s, &format!("{}/test/img:v1", reg.addr), dead_mirror).unwrap());
 }
+
+#[test]
+fn the_cli_pulls_lists_and_exits_by_the_documented_codes() {
+    let reg = Registry::start();
+    Buildah::new().push_busybox(&reg.addr, "test/img:v1", None);
+    let env = support::Env::new();
+    let cli = |args: &[&str]| {
+        let mut c = env.cmd(args);
+        // Never this machine's Docker credentials.
+        c.env("DOCKER_CONFIG", env.path("docker"));
+        c.output().unwrap()
+    };
+    let reference = format!("{}/test/img:v1", reg.addr);
+    let o = cli(&["image", "pull", "--json", &reference]);
+    assert_eq!(o.status.code(), Some(0), "{}", support::text(&o));
+    let pulled: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(pulled["layers"], 1);
+    let o = cli(&["image", "list", "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed[0]["reference"].as_str(), Some(reference.as_str()));
+    assert_eq!(listed[0]["digest"], pulled["digest"]);
+    let o = cli(&["image", "list"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&reference));
+
+    let o = cli(&["image", "pull", "Not/A:Reference:"]);
+    assert_eq!(o.status.code(), Some(2), "{}", support::text(&o));
+    let o = cli(&["image", "pull", &format!("{}/test/absent:v1", reg.addr)]);
+    assert_eq!(o.status.code(), Some(3), "{}", support::text(&o));
+    std::fs::create_dir_all(env.home()).unwrap();
+    std::fs::write(
+        env.home().join("registries.toml"),
+        "[registries.\"x.io\"]\nmirors = []\n",
+    )
+    .unwrap();
+    let o = cli(&["image", "pull", &reference]);
+    assert_eq!(o.status.code(), Some(2), "{}", support::text(&o));
+    assert!(
+        support::text(&o).contains("registries.toml"),
+        "{}",
+        support::text(&o)
+    );
+}
