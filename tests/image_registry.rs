@@ -282,6 +282,20 @@ fn a_bearer_challenge_is_answered_with_a_token_once() {
         .count();
     assert_eq!(refused, 1);
 
+    // Blobs redirected (as registries send them to storage) are followed, the token going
+    // along to the same host.
+    let front = Front::start(
+        &reg.addr,
+        Faults {
+            bearer: Some("tok-456".into()),
+            redirect_blobs: true,
+            ..Faults::default()
+        },
+    );
+    let reference = format!("{}/test/img:v1", front.addr);
+    assert_busybox_config(&pull(&scratch(), &reference, RegistryConfig::default()).unwrap());
+    assert_eq!(front.count("/moved/"), 2);
+
     // A realm over plain HTTP to a host that is neither loopback nor named insecure would
     // carry credentials in the clear: refused before any request goes there.
     let front = Front::start(

@@ -16,6 +16,10 @@ use super::settings::RegistryConfig;
 use super::store::{unix_now, Record, Store};
 use crate::cancel::CancelToken;
 
+/// The largest layer taken: a manifest's sizes are a registry's word, and a layer is
+/// downloaded up to its stated size.
+const MAX_LAYER: u64 = 64 << 30;
+
 /// An image whose blobs are all in the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PulledImage {
@@ -99,6 +103,12 @@ pub fn pull_with(
     let image_config = parse_config(&what, &config_bytes, layers.len())?;
     let mut pulled_layers = Vec::with_capacity(layers.len());
     for layer in &layers {
+        if layer.size > MAX_LAYER {
+            return Err(ImageError::TooLarge {
+                what: format!("{reference} layer {}", layer.digest),
+                max: MAX_LAYER,
+            });
+        }
         pulled_layers.push(Layer {
             path: source.blob(layer)?,
             digest: layer.digest.clone(),

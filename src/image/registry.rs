@@ -83,6 +83,8 @@ impl RegistryClient {
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_recv_response(Some(DOCUMENT_TIMEOUT))
             .max_redirects(MAX_REDIRECTS)
+            // A token for this registry goes to no other host (a blob's storage URL is signed).
+            .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
             .user_agent(concat!("wmo-e2b/", env!("CARGO_PKG_VERSION")))
             .build()
             .new_agent();

@@ -158,6 +158,7 @@ impl Store {
     /// The blob's path, fetching it with `open` first when it is absent. One caller at a time
     /// fetches a given blob; the others wait and find it there. The bytes are checked against
     /// `digest` (and `size`, when known) as they stream; on any failure nothing is left.
+    /// The caller holds [`Store::pull_lock`] until what it fetched is recorded.
     pub fn fetch_blob<R: Read, E: From<StoreError>>(
         &self,
         digest: &Digest,

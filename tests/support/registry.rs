@@ -176,6 +176,8 @@ pub struct Faults {
     pub corrupt_blobs: bool,
     /// Send half of every blob body under the whole `Content-Length`, then close.
     pub truncate_blobs: bool,
+    /// Answer every blob GET with a 307 to `/moved/...` on the front, which serves it.
+    pub redirect_blobs: bool,
 }
 
 /// What the front was asked, in order: (method, path, when).
@@ -336,6 +338,11 @@ impl FrontState {
                 );
             }
         }
+        if self.faults.redirect_blobs && path.contains("/blobs/") && !path.starts_with("/moved/") {
+            let location = format!("http://{}/moved{path}", self.addr);
+            return Answer::new(307, vec![("Location".into(), location)], Vec::new());
+        }
+        let path = path.strip_prefix("/moved").unwrap_or(path);
         {
             let mut throttled = self.throttled.lock().unwrap();
             if *throttled < self.faults.throttle {
