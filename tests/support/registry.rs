@@ -3,7 +3,7 @@
 //! `buildah`, and a loopback front that forwards to it while misbehaving on demand (a bearer
 //! challenge, 429s, corrupted or truncated blobs) and counts what it was asked.
 //!
-//! Include it with `#[path = "support/registry.rs"] mod registry;`.
+//! Include it with `#[path = "support/registry.rs"] mod registry;` beside `mod support;`.
 
 #![allow(dead_code)]
 
