@@ -13,10 +13,10 @@ Exit codes:
   0    success (eval: every task passed; report: the run was read, whatever its verdicts)
   1    eval finished but some task failed, errored or was cancelled
   2    bad usage or input: options, the tasks file, a skills directory, an --out another eval is writing to,
-       a report directory with no results
+       a report directory with no results, an image reference or registries.toml that does not parse
   3    infrastructure failure: a backend that cannot start, a model API that refuses the key
        or does not know the model, results that cannot be written, sandboxes whose kill
-       could not be proven
+       could not be proven, a registry that refuses or fails a pull
   4    eval stopped at a spend cap (--max-cost, --max-tokens, --max-sandbox-seconds)
   130  interrupted (Ctrl-C)
 (`project exec` exits with the command's own code.)";
@@ -44,6 +44,9 @@ enum Command {
     /// List or kill this tool's sandboxes.
     #[command(subcommand)]
     Sandbox(commands::sandbox::SandboxCommand),
+    /// Pull images into the store shared by every run on this machine, and list them.
+    #[command(subcommand)]
+    Image(commands::image::ImageCommand),
     /// Serve the E2B API and envd on one port, backed by local sandboxes (for tests and
     /// the official SDKs).
     Emulator(commands::emulator::EmulatorArgs),
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Command::Sandbox(cmd) => commands::sandbox::run(cmd),
         Command::Project(cmd) => commands::project::run(cmd),
         Command::Emulator(args) => commands::emulator::run(args),
+        Command::Image(cmd) => commands::image::run(cmd),
     };
     match result {
         Ok(code) => code.into(),

@@ -3,6 +3,7 @@
 pub mod bounds;
 pub mod emulator;
 pub mod eval;
+pub mod image;
 pub mod project;
 pub mod reap;
 pub mod report;
@@ -313,6 +314,9 @@ pub fn exit_code_of(err: &anyhow::Error) -> Exit {
         c.is::<UsageError>()
             || c.is::<wmo_e2b::task::TaskError>()
             || c.is::<wmo_e2b::skills::SkillError>()
+            || c.downcast_ref::<wmo_e2b::image::ImageError>()
+                .is_some_and(|e| e.is_bad_input())
+            || c.is::<wmo_e2b::image::reference::ReferenceError>()
             || c.downcast_ref::<wmo_e2b::analysis::AnalysisError>()
                 .is_some_and(|e| e.is_bad_input())
     });
