@@ -1,0 +1,699 @@
+//! Image layers unpacked into root filesystems: layers built here (with hand-written headers
+//! where a layer is hostile), and one image made by umoci, unpacked by us and by umoci alike.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+
+use wmo_e2b::image::unpack::{
+    unpack_image, unpack_image_with, Bound, LayerBlob, Limits, UnpackError, Unsafe,
+};
+
+const OCI_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+const OCI_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+const OCI_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+const DOCKER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+const KEY: &str = "sha256:00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+/// A layer written entry by entry with raw headers: the names go in as they are, `..` and
+/// absolute ones included, which no tar writer would produce.
+struct Layer(tar::Builder<Vec<u8>>);
+
+impl Layer {
+    fn new() -> Layer {
+        Layer(tar::Builder::new(Vec::new()))
+    }
+
+    fn entry(
+        mut self,
+        path: &str,
+        kind: tar::EntryType,
+        mode: u32,
+        link: &str,
+        data: &[u8],
+    ) -> Layer {
+        let mut h = tar::Header::new_ustar();
+        let name = &mut h.as_old_mut().name;
+        name[..path.len()].copy_from_slice(path.as_bytes());
+        let linkname = &mut h.as_old_mut().linkname;
+        linkname[..link.len()].copy_from_slice(link.as_bytes());
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_size(data.len() as u64);
+        h.set_mtime(1_600_000_000);
+        h.set_cksum();
+        self.0.append(&h, data).unwrap();
+        self
+    }
+
+    fn file(self, path: &str, data: &str) -> Layer {
+        self.entry(path, tar::EntryType::Regular, 0o644, "", data.as_bytes())
+    }
+
+    fn dir(self, path: &str) -> Layer {
+        self.entry(path, tar::EntryType::Directory, 0o755, "", b"")
+    }
+
+    fn symlink(self, path: &str, target: &str) -> Layer {
+        self.entry(path, tar::EntryType::Symlink, 0o777, target, b"")
+    }
+
+    fn hardlink(self, path: &str, target: &str) -> Layer {
+        self.entry(path, tar::EntryType::Link, 0o644, target, b"")
+    }
+
+    fn bytes(self) -> Vec<u8> {
+        self.0.into_inner().unwrap()
+    }
+
+    /// The layer as a blob of `media_type` in `dir`.
+    fn blob(self, dir: &Path, media_type: &str) -> LayerBlob {
+        write_blob(dir, media_type, &self.bytes())
+    }
+}
+
+fn write_blob(dir: &Path, media_type: &str, tar: &[u8]) -> LayerBlob {
+    use std::io::Write;
+    let data = if media_type.contains("gzip") {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(tar).unwrap();
+        enc.finish().unwrap()
+    } else if media_type.contains("zstd") {
+        ruzstd::encoding::compress_to_vec(tar, ruzstd::encoding::CompressionLevel::Fastest)
+    } else {
+        tar.to_vec()
+    };
+    let digest = wmo_e2b::digest::sha256(&data);
+    let path = dir.join(digest.replace(':', "-"));
+    std::fs::write(&path, &data).unwrap();
+    LayerBlob {
+        path,
+        media_type: media_type.to_string(),
+        digest,
+        diff_id: None,
+    }
+}
+
+fn unpack(layers: &[LayerBlob], into: &Path) -> Result<PathBuf, UnpackError> {
+    unpack_image(layers, into, KEY)
+}
+
+fn read(path: impl AsRef<Path>) -> String {
+    std::fs::read_to_string(path).unwrap()
+}
+
+fn names_under(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            out.push(path.strip_prefix(root).unwrap().display().to_string());
+            if entry.file_type().unwrap().is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What is left in the store directory: no result and no temporary directory after a failure.
+fn store_listing(into: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(into)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".lock"))
+        .collect();
+    names.sort();
+    names
+}
+
+fn refused(result: Result<PathBuf, UnpackError>) -> (String, String, Unsafe) {
+    match result {
+        Err(UnpackError::Unsafe { digest, entry, why }) => (digest, entry, why),
+        other => panic!("expected a refused entry, got {other:?}"),
+    }
+}
+
+#[test]
+fn whiteouts_hide_the_layers_below_and_never_appear() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lower = Layer::new()
+        .dir("etc/")
+        .file("etc/a", "a")
+        .file("etc/b", "b")
+        .dir("opt/")
+        .file("opt/x", "x")
+        .dir("opt/sub/")
+        .file("opt/sub/y", "y")
+        .dir("var/")
+        .file("var/old", "old")
+        .blob(tmp.path(), OCI_GZIP);
+    let upper = Layer::new()
+        .file("etc/.wh.a", "")
+        // The marker first, as writers put it: the lower entries go, this layer's stay.
+        .dir("opt/")
+        .file("opt/.wh..wh..opq", "")
+        .file("opt/new", "new")
+        // The marker after this layer's own entry: that entry stays all the same.
+        .file("var/mine", "mine")
+        .file("var/.wh..wh..opq", "")
+        // A whiteout of this layer's own entry hides nothing.
+        .file("z", "z")
+        .file(".wh.z", "")
+        // A whiteout of something that was never there is no error.
+        .file("etc/.wh.never", "")
+        .blob(tmp.path(), OCI_GZIP);
+    let root = unpack(&[lower, upper], &tmp.path().join("roots")).unwrap();
+    assert_eq!(
+        names_under(&root),
+        ["etc", "etc/b", "opt", "opt/new", "var", "var/mine", "z"]
+    );
+    assert_eq!(read(root.join("opt/new")), "new");
+}
+
+#[test]
+fn later_entries_replace_earlier_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lower = Layer::new()
+        .dir("d/")
+        .file("d/f", "in d")
+        .file("f2", "a file")
+        .file("h1", "one")
+        .hardlink("h2", "h1")
+        .symlink("s", "d")
+        .blob(tmp.path(), OCI_TAR);
+    let upper = Layer::new()
+        .file("d", "now a file")
+        .dir("f2/")
+        .file("f2/inner", "inner")
+        // A new h1 must not write through the inode h2 shares.
+        .file("h1", "two")
+        // Replacing a symlink to a directory replaces the link, not the directory.
+        .file("s", "a file now")
+        .blob(tmp.path(), OCI_TAR);
+    let root = unpack(&[lower, upper], &tmp.path().join("roots")).unwrap();
+    assert_eq!(read(root.join("d")), "now a file");
+    assert_eq!(read(root.join("f2/inner")), "inner");
+    assert_eq!(read(root.join("h1")), "two");
+    assert_eq!(read(root.join("h2")), "one");
+    assert_eq!(read(root.join("s")), "a file now");
+}
+
+#[test]
+fn modes_owners_times_links_and_fifos_are_kept_and_devices_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut layer = Layer::new()
+        .entry("bin/", tar::EntryType::Directory, 0o755, "", b"")
+        .entry("bin/su", tar::EntryType::Regular, 0o4755, "", b"su")
+        .entry("bin/wall", tar::EntryType::Regular, 0o2755, "", b"wall")
+        .entry("tmp/", tar::EntryType::Directory, 0o1777, "", b"")
+        .entry("secret", tar::EntryType::Regular, 0o600, "", b"s")
+        .symlink("rel", "bin/su")
+        .symlink("abs", "/etc/passwd")
+        .hardlink("bin/su2", "bin/su")
+        .entry("pipe", tar::EntryType::Fifo, 0o640, "", b"")
+        .entry("dev/null", tar::EntryType::Char, 0o666, "", b"")
+        .entry("dev/sda", tar::EntryType::Block, 0o660, "", b"");
+    // An owner other than root, kept because the tests run as root.
+    let mut h = tar::Header::new_ustar();
+    h.set_path("owned").unwrap();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o640);
+    h.set_uid(1234);
+    h.set_gid(5678);
+    h.set_mtime(1_000_000);
+    h.set_size(0);
+    h.set_cksum();
+    layer.0.append(&h, &b""[..]).unwrap();
+    let blob = layer.blob(tmp.path(), OCI_TAR);
+    let done =
+        unpack_image_with(&[blob], &tmp.path().join("roots"), KEY, Limits::default()).unwrap();
+    let root = done.root;
+    let mode = |p: &str| {
+        std::fs::symlink_metadata(root.join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode("bin/su"), 0o4755);
+    assert_eq!(mode("bin/wall"), 0o2755);
+    assert_eq!(mode("tmp"), 0o1777);
+    assert_eq!(mode("secret"), 0o600);
+    assert_eq!(
+        std::fs::read_link(root.join("rel")).unwrap(),
+        Path::new("bin/su")
+    );
+    assert_eq!(
+        std::fs::read_link(root.join("abs")).unwrap(),
+        Path::new("/etc/passwd")
+    );
+    let ino = |p: &str| std::fs::symlink_metadata(root.join(p)).unwrap().ino();
+    assert_eq!(ino("bin/su"), ino("bin/su2"));
+    let pipe = std::fs::symlink_metadata(root.join("pipe")).unwrap();
+    assert!(pipe.file_type().is_fifo());
+    assert_eq!(pipe.permissions().mode() & 0o7777, 0o640);
+    assert_eq!(done.devices_skipped, 2);
+    assert!(!root.join("dev/null").exists() && !root.join("dev/sda").exists());
+    let owned = std::fs::metadata(root.join("owned")).unwrap();
+    assert_eq!(
+        (owned.uid(), owned.gid(), owned.mtime()),
+        (1234, 5678, 1_000_000)
+    );
+    // Directory mtimes are set after their entries went in.
+    assert_eq!(
+        std::fs::metadata(root.join("bin")).unwrap().mtime(),
+        1_600_000_000
+    );
+}
+
+#[test]
+fn a_path_through_a_symlink_is_refused_in_one_layer_or_across_layers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("secret"), "host secret").unwrap();
+    let outside = outside.to_str().unwrap();
+    let into = tmp.path().join("roots");
+    // In one layer, to an absolute target and to a climbing one.
+    for target in [outside, "../../../../../../../../tmp"] {
+        let layer = Layer::new()
+            .symlink("a", target)
+            .file("a/passwd", "pwned")
+            .blob(tmp.path(), OCI_TAR);
+        let digest = layer.digest.clone();
+        let (d, entry, why) = refused(unpack(&[layer], &into));
+        assert_eq!(
+            (d.as_str(), entry.as_str(), why),
+            (digest.as_str(), "a/passwd", Unsafe::ThroughSymlink)
+        );
+    }
+    // Across layers, and as a hard link's source (which would copy a host file in).
+    let lower = Layer::new().symlink("a", outside).blob(tmp.path(), OCI_TAR);
+    for upper in [
+        Layer::new().file("a/passwd", "pwned"),
+        Layer::new().dir("a/sub/"),
+        Layer::new().hardlink("stolen", "a/secret"),
+        Layer::new().file("a/.wh.secret", ""),
+        Layer::new().file("a/.wh..wh..opq", ""),
+    ] {
+        let upper = upper.blob(tmp.path(), OCI_TAR);
+        let (_, _, why) = refused(unpack(&[lower.clone(), upper], &into));
+        assert_eq!(why, Unsafe::ThroughSymlink);
+    }
+    assert_eq!(names_under(Path::new(outside)), ["secret"]);
+    assert_eq!(read(Path::new(outside).join("secret")), "host secret");
+    assert!(
+        store_listing(&into).is_empty(),
+        "{:?}",
+        store_listing(&into)
+    );
+}
+
+#[test]
+fn climbing_and_absolute_entries_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let into = tmp.path().join("roots").join("deeper");
+    for (entry, why) in [
+        ("../escaped", Unsafe::ParentDir),
+        ("a/../../escaped", Unsafe::ParentDir),
+        ("/tmp/escaped", Unsafe::Absolute),
+    ] {
+        let layer = Layer::new()
+            .dir("a/")
+            .file(entry, "x")
+            .blob(tmp.path(), OCI_GZIP);
+        let digest = layer.digest.clone();
+        let err = unpack(&[layer], &into).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(&digest) && text.contains(entry), "{text}");
+        assert_eq!(refused(Err(err)), (digest, entry.to_string(), why));
+    }
+    for (target, why) in [
+        ("../../secret", Unsafe::LinkOutside),
+        ("/etc/passwd", Unsafe::LinkOutside),
+        ("not-there", Unsafe::LinkTargetMissing),
+        ("a", Unsafe::LinkTargetMissing),
+    ] {
+        let layer = Layer::new()
+            .dir("a/")
+            .hardlink("h", target)
+            .blob(tmp.path(), OCI_TAR);
+        assert_eq!(refused(unpack(&[layer], &into)).2, why, "{target}");
+    }
+    assert!(!tmp.path().join("roots/escaped").exists());
+    assert!(!Path::new("/tmp/escaped").exists());
+    assert!(store_listing(&into).is_empty());
+}
+
+#[test]
+fn gzip_zstd_and_plain_layers_unpack_alike_and_an_unknown_type_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tar = Layer::new()
+        .dir("d/")
+        .file("d/f", "same")
+        .symlink("l", "d/f")
+        .bytes();
+    let mut roots = Vec::new();
+    for (i, media_type) in [OCI_TAR, OCI_GZIP, OCI_ZSTD, DOCKER_GZIP]
+        .iter()
+        .enumerate()
+    {
+        let blob = write_blob(tmp.path(), media_type, &tar);
+        let key = format!("sha256:{i:064x}");
+        let root = unpack_image(&[blob], &tmp.path().join("roots"), &key).unwrap();
+        roots.push((names_under(&root), read(root.join("d/f"))));
+    }
+    assert!(roots.iter().all(|r| *r == roots[0]), "{roots:?}");
+    // A layer compressed by the zstd tool itself (`tar --format=posix | zstd -19`).
+    let zstd_made = hex_bytes(ZSTD_TOOL_LAYER);
+    let blob = write_blob(tmp.path(), OCI_TAR, &zstd_made);
+    let blob = LayerBlob {
+        media_type: OCI_ZSTD.into(),
+        ..blob
+    };
+    let root = unpack(&[blob], &tmp.path().join("zstd-tool")).unwrap();
+    assert_eq!(read(root.join("hello.txt")), "made by the zstd tool\n");
+    assert_eq!(
+        std::fs::read_link(root.join("link")).unwrap(),
+        Path::new("hello.txt")
+    );
+    let blob = write_blob(
+        tmp.path(),
+        "application/vnd.oci.image.layer.v1.tar+lz4",
+        &tar,
+    );
+    match unpack(&[blob], &tmp.path().join("roots")) {
+        Err(UnpackError::UnknownMediaType { media_type, .. }) => {
+            assert_eq!(media_type, "application/vnd.oci.image.layer.v1.tar+lz4")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+const ZSTD_TOOL_LAYER: &str = "28b52ffd0468ed060072491d18806d03c0c8bdc81e3744033822674ddb4b1b11e7a4c23d056bd5ddc0dc9d190fddcd9b879172ce5fe5a36ae3f24b211b15e8fc9c10af3676b75881e66ea25fafe0b93f6eee79b2cc00765d448779b8bc945921f891a4d36ab35eddcd97b3d6e5585b73ac3f7d30a58c8b10415181d198e02104012720004bc2480adb01fd19440f57038802a0a8591d60000350a600c7d484fd6f01bc01a9c2fb141cee5895ecb04c289f68000e2006643e7f954b3c055884c0d0801892a4258261f30e40a8d937132a4bc50ed6b2343f7500486761f40070705000abe815033eb80797";
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_failing_layer_leaves_neither_a_result_nor_a_temporary_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let into = tmp.path().join("roots");
+    let good = Layer::new()
+        .dir("d/")
+        .file("d/f", "fine")
+        .blob(tmp.path(), OCI_GZIP);
+    let mut truncated = Layer::new().file("big", &"x".repeat(10_000)).bytes();
+    truncated.truncate(3000);
+    let bad = write_blob(tmp.path(), OCI_TAR, &truncated);
+    assert!(matches!(
+        unpack(&[good.clone(), bad], &into),
+        Err(UnpackError::Tar { .. })
+    ));
+    assert!(
+        store_listing(&into).is_empty(),
+        "{:?}",
+        store_listing(&into)
+    );
+    // The key is free for a good try afterwards.
+    let root = unpack(&[good], &into).unwrap();
+    assert_eq!(read(root.join("d/f")), "fine");
+    assert_eq!(store_listing(&into), [KEY]);
+}
+
+#[test]
+fn a_wrong_diff_id_is_refused_and_the_right_one_passes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tar = Layer::new().file("f", "content").bytes();
+    let blob = LayerBlob {
+        diff_id: Some(wmo_e2b::digest::sha256(b"something else")),
+        ..write_blob(tmp.path(), OCI_GZIP, &tar)
+    };
+    let into = tmp.path().join("roots");
+    assert!(matches!(
+        unpack(std::slice::from_ref(&blob), &into),
+        Err(UnpackError::DiffIdMismatch { .. })
+    ));
+    assert!(store_listing(&into).is_empty());
+    let blob = LayerBlob {
+        diff_id: Some(wmo_e2b::digest::sha256(&tar)),
+        ..blob
+    };
+    assert_eq!(read(unpack(&[blob], &into).unwrap().join("f")), "content");
+}
+
+#[test]
+fn threads_unpacking_one_key_at_once_unpack_it_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut layer = Layer::new().dir("many/");
+    for i in 0..2000 {
+        layer = layer.file(&format!("many/f{i}"), "x");
+    }
+    let blob = layer.blob(tmp.path(), OCI_GZIP);
+    let into = tmp.path().join("roots");
+    let start = Arc::new(Barrier::new(4));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (blob, into, start) = (blob.clone(), into.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                unpack_image_with(&[blob], &into, KEY, Limits::default()).unwrap()
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(results.iter().filter(|r| r.fresh).count(), 1);
+    assert!(results.iter().all(|r| r.root == into.join(KEY)));
+    assert_eq!(
+        std::fs::read_dir(into.join(KEY).join("many"))
+            .unwrap()
+            .count(),
+        2000
+    );
+    assert_eq!(store_listing(&into), [KEY]);
+}
+
+#[test]
+fn a_layer_past_the_byte_or_entry_bound_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let into = tmp.path().join("roots");
+    // A megabyte of zeros compresses to a kilobyte: the bound is on what comes out.
+    let bomb = Layer::new()
+        .entry(
+            "zeros",
+            tar::EntryType::Regular,
+            0o644,
+            "",
+            &vec![0u8; 1 << 20],
+        )
+        .blob(tmp.path(), OCI_GZIP);
+    assert!(std::fs::metadata(&bomb.path).unwrap().len() < 1 << 16);
+    let limits = Limits {
+        max_bytes: 1 << 16,
+        ..Limits::default()
+    };
+    match unpack_image_with(std::slice::from_ref(&bomb), &into, KEY, limits) {
+        Err(UnpackError::Bound {
+            bound: Bound::Bytes,
+            digest,
+        }) => assert_eq!(digest, bomb.digest),
+        other => panic!("{other:?}"),
+    }
+    assert!(store_listing(&into).is_empty());
+    // The budget is the image's, not each layer's.
+    let small = Layer::new()
+        .file("f", &"y".repeat(40_000))
+        .blob(tmp.path(), OCI_TAR);
+    let two = [small.clone(), small.clone()];
+    assert!(matches!(
+        unpack_image_with(&two, &into, KEY, limits),
+        Err(UnpackError::Bound {
+            bound: Bound::Bytes,
+            ..
+        })
+    ));
+    let mut many = Layer::new();
+    for i in 0..20 {
+        many = many.file(&format!("f{i}"), "");
+    }
+    let limits = Limits {
+        max_entries: 10,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        unpack_image_with(&[many.blob(tmp.path(), OCI_TAR)], &into, KEY, limits),
+        Err(UnpackError::Bound {
+            bound: Bound::Entries,
+            ..
+        })
+    ));
+    assert!(store_listing(&into).is_empty());
+    assert!(unpack_image_with(
+        &[small],
+        &into,
+        KEY,
+        Limits {
+            max_bytes: 1 << 16,
+            ..Limits::default()
+        }
+    )
+    .is_ok());
+}
+
+#[test]
+fn a_key_that_is_no_digest_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    for key in [
+        "../x",
+        "sha256:../../etc",
+        "",
+        "sha256:ABC",
+        &format!("sha256:{}/x", "a".repeat(64)),
+    ] {
+        assert!(matches!(
+            unpack_image(&[], tmp.path(), key),
+            Err(UnpackError::BadKey { .. })
+        ));
+    }
+}
+
+/// A program the test needs, or a failure naming the package that brings it.
+fn need(program: &str, package: &str) -> PathBuf {
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        if dir.join(program).is_file() {
+            return dir.join(program);
+        }
+    }
+    panic!("{program} is missing: install the Debian package {package} (scripts/system-deps.sh)");
+}
+
+fn run(cmd: &mut std::process::Command) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Each path under `root` with its type, mode, owner, and content digest or link target.
+fn describe(root: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for name in names_under(root) {
+        let path = root.join(&name);
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let what = if meta.file_type().is_symlink() {
+            format!("-> {}", std::fs::read_link(&path).unwrap().display())
+        } else if meta.is_file() {
+            wmo_e2b::digest::sha256_file(&path).unwrap()
+        } else {
+            "dir".into()
+        };
+        let mode = meta.permissions().mode() & 0o7777;
+        let mode = if meta.file_type().is_symlink() {
+            0
+        } else {
+            mode
+        };
+        out.insert(
+            name,
+            format!("{mode:o} {}:{} {what}", meta.uid(), meta.gid()),
+        );
+    }
+    out
+}
+
+#[test]
+fn an_image_made_by_umoci_unpacks_as_umoci_unpacks_it() {
+    let umoci = need("umoci", "umoci");
+    let busybox = Path::new("/bin/busybox");
+    assert!(
+        busybox.is_file(),
+        "/bin/busybox is missing: install busybox-static"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    let image = format!("{}:t", layout.display());
+    let umoci = |args: &[&str]| run(std::process::Command::new(&umoci).args(args));
+    umoci(&["init", "--layout", layout.to_str().unwrap()]);
+    umoci(&["new", "--image", &image]);
+    // Layer one: busybox, its links, a setuid file, a directory with files.
+    let bundle = tmp.path().join("bundle");
+    umoci(&["unpack", "--image", &image, bundle.to_str().unwrap()]);
+    let rootfs = bundle.join("rootfs");
+    std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+    std::fs::copy(busybox, rootfs.join("bin/busybox")).unwrap();
+    for applet in ["sh", "ls", "cat"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+    std::fs::create_dir_all(rootfs.join("etc/skel")).unwrap();
+    std::fs::write(rootfs.join("etc/shadow"), "root:*:1::::::\n").unwrap();
+    std::fs::set_permissions(
+        rootfs.join("etc/shadow"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::write(rootfs.join("etc/skel/gone"), "removed in layer two\n").unwrap();
+    std::fs::write(rootfs.join("bin/suid"), "x").unwrap();
+    std::fs::set_permissions(
+        rootfs.join("bin/suid"),
+        std::fs::Permissions::from_mode(0o4755),
+    )
+    .unwrap();
+    std::fs::hard_link(rootfs.join("etc/shadow"), rootfs.join("etc/shadow-")).unwrap();
+    umoci(&["repack", "--image", &image, bundle.to_str().unwrap()]);
+    // Layer two: a removal (a whiteout) and a change.
+    let bundle2 = tmp.path().join("bundle2");
+    umoci(&["unpack", "--image", &image, bundle2.to_str().unwrap()]);
+    std::fs::remove_file(bundle2.join("rootfs/etc/skel/gone")).unwrap();
+    std::fs::write(bundle2.join("rootfs/etc/motd"), "hello\n").unwrap();
+    umoci(&["repack", "--image", &image, bundle2.to_str().unwrap()]);
+    let theirs = tmp.path().join("theirs");
+    umoci(&["unpack", "--image", &image, theirs.to_str().unwrap()]);
+
+    let layers = oci_layers(&layout);
+    assert_eq!(layers.len(), 2);
+    let ours = unpack(&layers, &tmp.path().join("roots")).unwrap();
+    let (ours, theirs) = (describe(&ours), describe(&theirs.join("rootfs")));
+    assert!(ours.contains_key("bin/busybox") && !ours.contains_key("etc/skel/gone"));
+    assert_eq!(ours, theirs);
+}
+
+/// The layers of the layout's one image, lowest first, with their diff_ids.
+fn oci_layers(layout: &Path) -> Vec<LayerBlob> {
+    let json = |digest: &str| -> serde_json::Value {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        serde_json::from_slice(&std::fs::read(layout.join("blobs/sha256").join(hex)).unwrap())
+            .unwrap()
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let manifest = json(index["manifests"][0]["digest"].as_str().unwrap());
+    let config = json(manifest["config"]["digest"].as_str().unwrap());
+    let diff_ids = config["rootfs"]["diff_ids"].as_array().unwrap();
+    let layers = manifest["layers"].as_array().unwrap();
+    layers
+        .iter()
+        .zip(diff_ids)
+        .map(|(layer, diff_id)| {
+            let digest = layer["digest"].as_str().unwrap().to_string();
+            LayerBlob {
+                path: layout
+                    .join("blobs/sha256")
+                    .join(digest.strip_prefix("sha256:").unwrap()),
+                media_type: layer["mediaType"].as_str().unwrap().to_string(),
+                digest,
+                diff_id: diff_id.as_str().map(str::to_string),
+            }
+        })
+        .collect()
+}
