@@ -393,10 +393,15 @@ fn publish(temp: &Path, root: &Path) -> io::Result<()> {
         )
     };
     if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+        return Ok(());
     }
+    let err = io::Error::last_os_error();
+    // A filesystem without RENAME_NOREPLACE: under the lock, nothing else makes the result,
+    // so checking first is as good.
+    if err.raw_os_error() == Some(libc::EINVAL) && !is_dir(root) {
+        return std::fs::rename(temp, root);
+    }
+    Err(err)
 }
 
 /// An exclusive `flock`, held until the file is dropped (or the process dies). The wait is
