@@ -275,6 +275,61 @@ fn gzip_zstd_and_plain_layers_unpack_alike_and_an_unknown_type_is_named() {
 }
 
 #[test]
+fn a_pax_or_gnu_name_is_checked_like_any_other() {
+    let tmp = tempfile::tempdir().unwrap();
+    let into = tmp.path().join("roots");
+    let pax = |key: &str, value: &str| {
+        let record = format!(" {key}={value}\n");
+        let mut len = record.len() + 1;
+        len += format!("{len}").len() - 1;
+        format!("{len}{record}").into_bytes()
+    };
+    // A harmless header name, overridden by an extended header that climbs out.
+    for (key, value, entry, why) in [
+        ("path", "../../escaped", "../../escaped", Unsafe::ParentDir),
+        ("path", "/tmp/escaped", "/tmp/escaped", Unsafe::Absolute),
+        (
+            "linkpath",
+            "../../etc/passwd",
+            "harmless",
+            Unsafe::LinkOutside,
+        ),
+    ] {
+        let mut layer = Layer::new().file("target", "t").entry(
+            "PaxHeaders/harmless",
+            tar::EntryType::XHeader,
+            0o644,
+            "",
+            &pax(key, value),
+        );
+        layer = match key {
+            "linkpath" => layer.hardlink("harmless", "target"),
+            _ => layer.file("harmless", "x"),
+        };
+        let (_, refused_entry, refused_why) =
+            refused(unpack(&[layer.blob(tmp.path(), OCI_TAR)], &into));
+        assert_eq!((refused_entry.as_str(), refused_why), (entry, why));
+    }
+    // A GNU long name that climbs out.
+    let long = format!("{}/../../../escaped", "a".repeat(120));
+    let layer = Layer::new()
+        .entry(
+            "././@LongLink",
+            tar::EntryType::GNULongName,
+            0o644,
+            "",
+            long.as_bytes(),
+        )
+        .file("harmless", "x");
+    assert_eq!(
+        refused(unpack(&[layer.blob(tmp.path(), OCI_TAR)], &into)).2,
+        Unsafe::ParentDir
+    );
+    assert!(!tmp.path().join("escaped").exists() && !Path::new("/tmp/escaped").exists());
+    assert!(store_listing(&into).is_empty());
+}
+
+#[test]
 fn a_failing_layer_leaves_neither_a_result_nor_a_temporary_directory() {
     let tmp = tempfile::tempdir().unwrap();
     let into = tmp.path().join("roots");
@@ -348,6 +403,71 @@ fn threads_unpacking_one_key_at_once_unpack_it_once() {
             .unwrap()
             .count(),
         2000
+    );
+    assert_eq!(store_listing(&into), [KEY]);
+}
+
+/// Set in the processes that `processes_unpacking_one_key_at_once_unpack_it_once` starts:
+/// the blob, its media type and the store directory, one a line.
+const CHILD: &str = "WMO_E2B_TEST_UNPACK_CHILD";
+
+#[test]
+fn processes_unpacking_one_key_at_once_unpack_it_once() {
+    const TEST: &str = "processes_unpacking_one_key_at_once_unpack_it_once";
+    if let Some(job) = std::env::var_os(CHILD) {
+        let job = job.into_string().unwrap();
+        let [path, media_type, digest, into] = job.split('\n').collect::<Vec<_>>()[..] else {
+            panic!("{job}");
+        };
+        let blob = LayerBlob {
+            path: path.into(),
+            media_type: media_type.into(),
+            digest: digest.into(),
+            diff_id: None,
+        };
+        let done = unpack_image_with(&[blob], Path::new(into), KEY, Limits::default()).unwrap();
+        println!("fresh={}", done.fresh);
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut layer = Layer::new().dir("many/");
+    for i in 0..3000 {
+        layer = layer.file(&format!("many/f{i}"), "x");
+    }
+    let blob = layer.blob(tmp.path(), OCI_GZIP);
+    let into = tmp.path().join("roots");
+    let job = format!(
+        "{}\n{}\n{}\n{}",
+        blob.path.display(),
+        blob.media_type,
+        blob.digest,
+        into.display()
+    );
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", TEST, "--test-threads", "1", "--nocapture"])
+                .env(CHILD, &job)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut fresh = 0;
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && said.contains("1 passed"), "{said}");
+        fresh += usize::from(said.contains("fresh=true"));
+    }
+    assert_eq!(fresh, 1);
+    assert_eq!(
+        std::fs::read_dir(into.join(KEY).join("many"))
+            .unwrap()
+            .count(),
+        3000
     );
     assert_eq!(store_listing(&into), [KEY]);
 }
