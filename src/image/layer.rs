@@ -37,6 +37,9 @@ pub fn apply_layer<R: Read>(
 ) -> Result<(), UnpackError> {
     // Paths this layer wrote, and their parents: a whiteout hides the layers below only.
     let mut this_layer: HashSet<Vec<u8>> = HashSet::new();
+    // Directories this layer made opaque: a directory is emptied once, however many markers
+    // a layer repeats in it (each pass would list it whole).
+    let mut opaque: HashSet<Vec<u8>> = HashSet::new();
     loop {
         let entry = match tar.next_entry() {
             Ok(Some(entry)) => entry,
@@ -67,7 +70,7 @@ pub fn apply_layer<R: Read>(
             continue;
         }
         if name.starts_with(WHITEOUT) {
-            at.whiteout(dir, name, &this_layer)?;
+            at.whiteout(dir, name, &this_layer, &mut opaque)?;
             continue;
         }
         if matches!(entry.kind, Kind::CharDevice | Kind::BlockDevice) {
@@ -222,8 +225,12 @@ impl At<'_> {
         dir: &[u8],
         name: &[u8],
         this_layer: &HashSet<Vec<u8>>,
+        opaque: &mut HashSet<Vec<u8>>,
     ) -> Result<(), UnpackError> {
         if name == OPAQUE {
+            if !opaque.insert(dir.to_vec()) {
+                return Ok(());
+            }
             let Some(fd) = self.dir_owned(dir)? else {
                 return Ok(());
             };
