@@ -515,17 +515,29 @@ fn a_layer_past_the_byte_or_entry_bound_is_refused() {
     for i in 0..20 {
         many = many.file(&format!("f{i}"), "");
     }
-    let limits = Limits {
-        max_entries: 10,
-        ..Limits::default()
-    };
-    assert!(matches!(
-        unpack_image_with(&[many.blob(tmp.path(), OCI_TAR)], &into, KEY, limits),
-        Err(UnpackError::Bound {
-            bound: Bound::Entries,
-            ..
-        })
-    ));
+    let many = many.blob(tmp.path(), OCI_TAR);
+    // 20 entries with 2- or 3-byte paths: past 10 entries, or past 40 bytes of paths.
+    for (limits, bound) in [
+        (
+            Limits {
+                max_entries: 10,
+                ..Limits::default()
+            },
+            Bound::Entries,
+        ),
+        (
+            Limits {
+                max_path_memory: 40,
+                ..Limits::default()
+            },
+            Bound::PathBytes,
+        ),
+    ] {
+        match unpack_image_with(std::slice::from_ref(&many), &into, KEY, limits) {
+            Err(UnpackError::Bound { bound: b, .. }) => assert_eq!(b, bound),
+            other => panic!("{other:?}"),
+        }
+    }
     assert!(store_listing(&into).is_empty());
     assert!(unpack_image_with(
         &[small],

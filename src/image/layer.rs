@@ -19,6 +19,9 @@ const OPAQUE: &[u8] = b".wh..wh..opq";
 /// What the layers of one image may still use, and what they did.
 pub struct Tally {
     pub entries_left: u64,
+    /// Bytes of paths remembered (this layer's paths for its whiteouts, and the directories
+    /// below) still allowed: a hostile layer's paths could otherwise fill memory.
+    pub path_bytes_left: u64,
     pub entries: u64,
     pub devices_skipped: u64,
     /// Directories whose final mode, owner and mtime are set once every layer is in:
@@ -77,7 +80,14 @@ pub fn apply_layer<R: Read>(
             tally.devices_skipped += 1;
             continue;
         }
-        mark(&mut this_layer, &path);
+        let remembered = mark(&mut this_layer, &path) + path.len() as u64;
+        tally.path_bytes_left = tally
+            .path_bytes_left
+            .checked_sub(remembered)
+            .ok_or_else(|| UnpackError::Bound {
+                digest: digest.to_string(),
+                bound: Bound::PathBytes,
+            })?;
         let parent = at
             .dir(dir, true)?
             .ok_or_else(|| at.refuse(Unsafe::NotADirectory))?;
@@ -367,15 +377,18 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     path
 }
 
-/// Records `path` and its parents as this layer's.
-fn mark(this_layer: &mut HashSet<Vec<u8>>, path: &[u8]) {
+/// Records `path` and its parents as this layer's; returns the bytes newly remembered.
+fn mark(this_layer: &mut HashSet<Vec<u8>>, path: &[u8]) -> u64 {
     let mut path = path;
+    let mut added = 0;
     while this_layer.insert(path.to_vec()) {
+        added += path.len() as u64;
         match memchr::memrchr(b'/', path) {
             Some(i) => path = &path[..i],
-            None => return,
+            None => break,
         }
     }
+    added
 }
 
 #[cfg(test)]

@@ -22,6 +22,9 @@ use std::path::{Path, PathBuf};
 pub const MAX_UNPACKED_BYTES: u64 = 64 << 30;
 /// The most entries all layers of one image may have together.
 pub const MAX_ENTRIES: u64 = 4_000_000;
+/// The most bytes of paths kept in memory while unpacking one image (each entry's path and
+/// its parents, for whiteouts and directory metadata).
+pub const MAX_PATH_MEMORY: u64 = 1 << 30;
 
 /// One layer as the store holds it.
 #[derive(Debug, Clone)]
@@ -41,6 +44,7 @@ pub struct LayerBlob {
 pub struct Limits {
     pub max_bytes: u64,
     pub max_entries: u64,
+    pub max_path_memory: u64,
 }
 
 impl Default for Limits {
@@ -48,6 +52,7 @@ impl Default for Limits {
         Limits {
             max_bytes: MAX_UNPACKED_BYTES,
             max_entries: MAX_ENTRIES,
+            max_path_memory: MAX_PATH_MEMORY,
         }
     }
 }
@@ -92,6 +97,8 @@ pub enum Bound {
     Bytes,
     /// [`Limits::max_entries`].
     Entries,
+    /// [`Limits::max_path_memory`].
+    PathBytes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -198,6 +205,7 @@ fn unpack_layers(layers: &[LayerBlob], temp: &Path, limits: Limits) -> Result<Ta
     })?;
     let mut tally = Tally {
         entries_left: limits.max_entries,
+        path_bytes_left: limits.max_path_memory,
         entries: 0,
         devices_skipped: 0,
         dirs: Vec::new(),
