@@ -3,13 +3,17 @@
 
 pub mod auth;
 pub mod error;
+mod layer;
 pub mod manifest;
 pub mod pull;
 pub mod reference;
 pub mod registry;
+mod rootfs;
 pub mod settings;
 pub mod store;
+pub mod tar_reader;
 pub mod unpack;
+mod zstd;
 
 pub use error::ImageError;
 pub use pull::{pull, pull_with, Layer, PulledImage};
