@@ -238,12 +238,15 @@ impl At<'_> {
         opaque: &mut HashSet<Vec<u8>>,
     ) -> Result<(), UnpackError> {
         if name == OPAQUE {
-            if !opaque.insert(dir.to_vec()) {
+            if opaque.contains(dir) {
                 return Ok(());
             }
+            // Remembered only once the directory exists, so markers in directories that
+            // do not cannot grow the set past the tree itself.
             let Some(fd) = self.dir_owned(dir)? else {
                 return Ok(());
             };
+            opaque.insert(dir.to_vec());
             let fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
             for child in rootfs::names_in(fd).map_err(|e| self.io("list", e))? {
                 if !this_layer.contains(&join(dir, child.to_bytes())) {
