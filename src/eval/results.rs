@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use serde::Serialize;
 
 use super::provenance::Provenance;
-use super::schedule::{FinishedAttempts, FIRST_ATTEMPT, MAX_ATTEMPTS};
 use super::reward::{Reward, RewardError};
+use super::schedule::{FinishedAttempts, FIRST_ATTEMPT, MAX_ATTEMPTS};
 use super::spend::CostRecord;
 use crate::episode::{StopReason, TokenMeter};
 use crate::sync::lock;
