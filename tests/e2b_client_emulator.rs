@@ -29,6 +29,7 @@ fn spec(run: &str) -> CreateSpec {
         on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
         limits: Default::default(),
         network: Default::default(),
+        image: None,
     }
 }
 

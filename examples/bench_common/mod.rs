@@ -121,6 +121,7 @@ pub fn spec() -> CreateSpec {
         // What eval gives every sandbox unless told otherwise.
         limits: wmo_e2b::sandbox::Limits::defaults(),
         network: Default::default(),
+        image: None,
     }
 }
 

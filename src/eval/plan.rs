@@ -235,6 +235,7 @@ impl EvalPlan {
                 on_timeout: OnTimeout::Kill,
                 limits: crate::sandbox::Limits::default(),
                 network: Default::default(),
+                image: None,
             },
             lease: pool::lease_for(max_episode),
             lifetime: pool::lifetime_for(max_episode),

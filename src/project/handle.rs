@@ -558,6 +558,7 @@ fn create_sandbox(
         on_timeout: on_idle.on_timeout(),
         limits: crate::sandbox::Limits::default(),
         network,
+        image: None,
     });
     if matches!(created, Err(SandboxError::CreateUnconfirmed { .. })) {
         // The create may have made a sandbox no one will use: find it by its lease tag and

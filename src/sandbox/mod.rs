@@ -397,6 +397,29 @@ pub struct CreateSpec {
     /// How it reaches the network when `internet` allows it at all (the local backend; on
     /// E2B `internet` alone decides).
     pub network: Network,
+    /// The root filesystem of its task processes: an unpacked image (the local backend);
+    /// none is the host's own system directories.
+    pub image: Option<ImageRoot>,
+}
+
+/// An unpacked image that task processes see as their root filesystem, read-only beneath a
+/// writable layer of each task namespace's own, and what its config asks of their commands.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ImageRoot {
+    /// What names its content (the image's manifest digest): sandboxes of one serve only
+    /// tasks of the same.
+    pub id: String,
+    /// The unpacked tree on this host (owned by the image's own ids, mapped into each
+    /// sandbox's range as it is mounted).
+    pub rootfs: std::path::PathBuf,
+    /// The config's `Env`, beneath what a command sets itself.
+    pub env: Vec<(String, String)>,
+    /// The config's `WorkingDir`: where a task's commands start when they name no directory.
+    pub workdir: Option<String>,
+    /// The config's `User` as a uid of the image's own (never root: see the README).
+    pub uid: Option<u32>,
+    /// The shell commands run with: `/bin/bash` when the image has it, else `/bin/sh`.
+    pub shell: String,
 }
 
 /// Whether a sandbox runs or is paused.

@@ -333,6 +333,7 @@ pub fn spec() -> CreateSpec {
         on_timeout: wmo_e2b::sandbox::OnTimeout::Kill,
         limits: Default::default(),
         network: Default::default(),
+        image: None,
     }
 }
 

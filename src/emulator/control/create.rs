@@ -308,6 +308,7 @@ fn create_sandbox(shared: &Shared, wanted: Wanted) -> Result<Arc<SandboxEntry>, 
         // E2B has no such limits: a template's resources are its limits.
         limits: crate::sandbox::Limits::default(),
         network: Default::default(),
+        image: None,
     };
     let created = shared.backend.create_local(&spec);
     let token = if wanted.secure {

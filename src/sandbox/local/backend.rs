@@ -16,6 +16,7 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use super::cgroup::{self, Cgroup};
 use super::holder_start;
 use super::id_range;
+use super::image_root;
 use super::isolation::{self, Isolation, IsolationChoice};
 use super::meta::{
     self, Meta, MetaError, LOGS_DIR, PROCS_DIR, ROOT_DIR, STAGING_PREFIX, SYSTEM_DIR, TESTS_DIR,
@@ -180,6 +181,9 @@ impl LocalBackend {
         if let Some(why) = own_network.then(|| self.network_unavailable()).flatten() {
             return Err(SandboxError::Unsupported(why));
         }
+        if spec.image.is_some() {
+            image_root::supported(isolation)?;
+        }
         let id = meta::new_id().map_err(|e| SandboxError::Io {
             id: String::new(),
             what: "choosing a sandbox id".into(),
@@ -209,6 +213,7 @@ impl LocalBackend {
                 OnTimeout::Pause(kind) => Some(kind.into()),
             },
             paused: None,
+            image: spec.image.clone(),
         };
         // Built aside and renamed into place, so no reader ever sees half a sandbox. Made
         // first: a sandbox's id range names it, and is free again once it exists in no form.

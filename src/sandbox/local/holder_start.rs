@@ -14,8 +14,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::cgroup::Cgroup;
-use super::enter::{self, Request, HOST_ROOT_INSIDE, MAP_BLOCK_FD};
+use super::enter::{self, ImageMount, Request, HOST_ROOT_INSIDE, MAP_BLOCK_FD};
 use super::id_range::PROBE_BASE;
+use super::image_root::Layer;
 use super::isolation::{Binds, Bwrap, IdRange};
 use super::meta::META_FILE;
 use super::netns;
@@ -70,6 +71,7 @@ fn check_mapped(bwrap: &Bwrap, exe: &Path) -> Result<(), String> {
         passwd: Path::new("/dev/null"),
         group: Path::new("/dev/null"),
         shared: &[],
+        root: None,
     };
     let mut args: Vec<OsString> = enter::mapped(exe, PROBE_BASE).into();
     let (block_fd, host_root) = (MAP_BLOCK_FD.to_string(), HOST_ROOT_INSIDE.to_string());
@@ -92,6 +94,8 @@ fn check_mapped(bwrap: &Bwrap, exe: &Path) -> Result<(), String> {
 
 /// Starts the holder of `space` (inside `parent` for the task namespace) and records it.
 /// `ids`: the sandbox's id range, whose user namespace a first holder makes (as root).
+/// `image`: the unpacked image a task holder's root is made of, over its own layer.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn start(
     bwrap: &Bwrap,
     binds: &Binds<'_>,
@@ -100,6 +104,7 @@ pub(super) fn start(
     parent: Option<&Holder>,
     own_network: bool,
     ids: Option<IdRange>,
+    image: Option<(&Path, &Layer)>,
 ) -> io::Result<Holder> {
     let user_namespace = bwrap.in_user_namespace(ids);
     // As root with an id range, bwrap and the holder run as the host's root inside the
@@ -132,7 +137,12 @@ pub(super) fn start(
     }
     // bwrap reports the namespace (and PID 1's pid) as JSON on fd 1.
     opts.extend(["--info-fd", "1"]);
-    let line = bwrap.command_line(binds, space.role(), &opts);
+    let merged = image.map(|(_, layer)| layer.merged());
+    let binds = Binds {
+        root: merged.as_deref(),
+        ..*binds
+    };
+    let line = bwrap.command_line(&binds, space.role(), &opts);
     let mut args: Vec<OsString> = Vec::new();
     // `setsid --fork`: the holder is a session of its own, nobody's child here, and outlives
     // this process.
@@ -177,6 +187,17 @@ pub(super) fn start(
         Some(holder) => Request::Join {
             holder,
             user_namespace,
+            image: match (image, ids) {
+                (Some((rootfs, layer)), Some(range)) => Some(ImageMount {
+                    rootfs,
+                    layer: &layer.dir,
+                    base: range.base,
+                }),
+                (Some(_), None) => {
+                    return Err(io::Error::other("an image root needs a sandbox id range"))
+                }
+                (None, _) => None,
+            },
             argv: &args,
         },
         None => Request::Plain { argv: &args },
@@ -243,6 +264,7 @@ pub(super) fn start(
         start_time: init_stat.start_time,
         group: init_stat.pgrp,
         group_start: leader.start_time,
+        layer: image.map_or(0, |(_, layer)| layer.number),
     };
     if let Err(e) = ns::write(sandbox_dir, space, &holder) {
         let _ = holder.kill(Duration::from_secs(5));

@@ -152,9 +152,15 @@ pub(super) struct Bwrap {
     pub sh: PathBuf,
     pub setsid: PathBuf,
     pub bwrap: PathBuf,
-    /// The system part of every bwrap command line (mounts, namespaces), before the
-    /// per-sandbox binds.
-    system_args: Vec<OsString>,
+    /// The system part of every bwrap command line, before the per-sandbox binds: the
+    /// host's system directories as the root (unless an image is), then the mounts and
+    /// namespaces every sandbox has, then Node.js when it lives outside them (see
+    /// [`system_args`]).
+    host_root: Vec<OsString>,
+    mounts: Vec<OsString>,
+    host_node: Vec<OsString>,
+    /// The host's resolver configuration, which an image root gets in place of its own.
+    resolv_conf: Option<PathBuf>,
     /// PATH inside the sandbox.
     pub path_env: String,
 }
@@ -204,18 +210,22 @@ fn probe_now() -> Result<Bwrap, String> {
         sh: find("sh")?,
         setsid: find("setsid").map_err(|e| format!("{e} (util-linux)"))?,
         bwrap,
-        system_args: Vec::new(),
+        host_root: Vec::new(),
+        mounts: Vec::new(),
+        host_node: Vec::new(),
+        resolv_conf: std::fs::canonicalize("/etc/resolv.conf").ok(),
         path_env: SANDBOX_PATH.to_string(),
     };
-    b.system_args = system_args(&mut b.path_env, privilege);
+    [b.host_root, b.mounts, b.host_node] = system_args(&mut b.path_env, privilege);
     check(&b).map_err(|why| format!("bwrap cannot create sandboxes here ({why}): {install}"))?;
     Ok(b)
 }
 
-/// The mounts and namespaces every sandbox process shares.
-fn system_args(path_env: &mut String, privilege: Privilege) -> Vec<OsString> {
+/// The mounts every sandbox process shares: the host's system directories as its root, the
+/// mounts every sandbox has over whatever root, and Node.js where it lives outside the
+/// system directories.
+fn system_args(path_env: &mut String, privilege: Privilege) -> [Vec<OsString>; 3] {
     let mut a = Args::default();
-    a.push(["--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]);
     for dir in SYSTEM_DIRS {
         let p = Path::new(dir);
         match std::fs::symlink_metadata(p) {
@@ -248,6 +258,7 @@ fn system_args(path_env: &mut String, privilege: Privilege) -> Vec<OsString> {
             a.path(&target);
         }
     }
+    let host_root = std::mem::take(&mut a.0);
     a.push([
         "--proc",
         "/proc",
@@ -304,6 +315,7 @@ fn system_args(path_env: &mut String, privilege: Privilege) -> Vec<OsString> {
         // Parents of the sandbox's own mounts, world-readable (bwrap makes them 0700).
         "--dir", "/home", "--dir", "/opt",
     ]);
+    let mounts = std::mem::take(&mut a.0);
     // Node.js installed outside the system directories (nvm, a tarball under /opt): bind its
     // installation, and only that, at a place of its own, where no directory of the
     // sandbox's (its home, its /tmp) can hide it.
@@ -320,7 +332,7 @@ fn system_args(path_env: &mut String, privilege: Privilege) -> Vec<OsString> {
             }
         }
     }
-    a.0
+    [host_root, mounts, a.0]
 }
 
 /// A command line under construction.
@@ -338,6 +350,7 @@ impl Args {
 }
 
 /// One sandbox's directories on the host, as bwrap binds them.
+#[derive(Clone, Copy)]
 pub(super) struct Binds<'a> {
     pub home: &'a Path,
     pub tmp: &'a Path,
@@ -353,6 +366,9 @@ pub(super) struct Binds<'a> {
     pub group: &'a Path,
     /// Host directories shared read-only with `Role::System` processes, and where.
     pub shared: &'a [(PathBuf, String)],
+    /// The root of task processes when they run on an image (see `image_root`), in place
+    /// of the host's system directories.
+    pub root: Option<&'a Path>,
 }
 
 impl Bwrap {
@@ -367,7 +383,26 @@ impl Bwrap {
         if self.privilege == Privilege::Root {
             a.push(["--cap-drop", "ALL"]);
         }
-        a.0.extend(self.system_args.iter().cloned());
+        a.push(["--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]);
+        match binds.root.filter(|_| role != Role::System) {
+            Some(root) => {
+                a.push(["--bind"]);
+                a.path(root);
+                a.push(["/"]);
+                // The image's own would name no resolver of this host's network.
+                if let Some(resolv_conf) = &self.resolv_conf {
+                    a.push(["--ro-bind-try"]);
+                    a.path(resolv_conf);
+                    a.push(["/etc/resolv.conf"]);
+                }
+                a.0.extend(self.mounts.iter().cloned());
+            }
+            None => {
+                a.0.extend(self.host_root.iter().cloned());
+                a.0.extend(self.mounts.iter().cloned());
+                a.0.extend(self.host_node.iter().cloned());
+            }
+        }
         a.push(["--ro-bind"]);
         a.path(binds.passwd);
         a.push(["/etc/passwd", "--ro-bind"]);
@@ -506,6 +541,7 @@ fn check(b: &Bwrap) -> Result<(), String> {
             passwd: &passwd,
             group: &group,
             shared: &[],
+            root: None,
         };
         let mut opts = b.holder_options();
         opts.push("--unshare-net");

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::isolation::{IdRange, Isolation};
 use super::sys;
-use crate::sandbox::{Metadata, OnTimeout, PauseKind, Role};
+use crate::sandbox::{ImageRoot, Metadata, OnTimeout, PauseKind, Role};
 
 /// A sandbox being killed: `.dead-<id>-<rand>` (see `teardown`).
 pub(super) const TOMB_PREFIX: &str = ".dead-";
@@ -79,6 +79,9 @@ pub(super) struct Meta {
     /// Set while it is paused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<PausedRecord>,
+    /// The image its task processes run on (see `image_root`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageRoot>,
 }
 
 impl Meta {
@@ -378,6 +381,7 @@ mod tests {
                 timeout: 30,
                 kept_stopped: vec![(9, 10)],
             }),
+            image: None,
         };
         write_meta(dir.path(), &meta).unwrap();
         assert_eq!(read_meta(dir.path()).unwrap(), meta);

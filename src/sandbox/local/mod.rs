@@ -69,6 +69,7 @@ mod enter;
 mod freeze;
 mod holder_start;
 mod id_range;
+mod image_root;
 pub mod isolation;
 mod limit_watch;
 mod meta;

@@ -68,6 +68,14 @@ pub(super) struct Holder {
     /// The holder's process group (its session leader's pid) and the leader's start time.
     pub group: u32,
     pub group_start: u64,
+    /// The layer directory its root is made of, on a sandbox with an image (see
+    /// `image_root`); 0 for none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub layer: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Holder {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use super::enter::Request;
-use super::isolation::{Bwrap, BWRAP_VERIFIER};
+use super::isolation::BWRAP_VERIFIER;
 use super::meta::{self, ProcRecord};
 use super::netns;
 use super::ns::Space;
@@ -27,7 +27,7 @@ use super::state::{Mode, SandboxState};
 use super::sys;
 use super::watch::{Watch, STDOUT};
 use crate::sandbox::{
-    Captured, Output, OutputSink, ProcessEvent, Result, Role, RunOpts, SandboxError,
+    Captured, ImageRoot, Output, OutputSink, ProcessEvent, Result, Role, RunOpts, SandboxError,
 };
 use crate::sync::lock;
 
@@ -80,15 +80,43 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
             // With the network locked the command gets a network namespace of its own, so
             // it reaches nothing beyond itself (a server it starts there lives as long as it
             // does). Its shell by its path in the sandbox, which has no search to do.
-            let (env, argv) = match l.role {
-                Role::Verify => (
+            let image = state.image.as_ref().filter(|_| l.role != Role::System);
+            let (env, argv) = match (l.role, image) {
+                (Role::Verify, None) => (
                     verifier_env(&bwrap.path_env, BWRAP_VERIFIER, l.envs),
-                    VERIFY_SHELL,
+                    VERIFY_SHELL.to_vec(),
                 ),
-                _ => (
-                    sandbox_env(bwrap, home, state.envs.iter().chain(l.envs)),
-                    SHELL,
+                (_, None) => (
+                    sandbox_env(&bwrap.path_env, home, state.envs.iter().chain(l.envs)),
+                    SHELL.to_vec(),
                 ),
+                // On an image: its variables beneath ours, its shell (a verifier's reads no
+                // profile either way: `sh -c` reads none).
+                (role, Some(image)) => {
+                    let path = image_path(image);
+                    // Who the process is stays ours: the image's variables cannot say
+                    // otherwise.
+                    let own = ["HOME", "USER", "LOGNAME", "SHELL", "TMPDIR"];
+                    let image_env = image.env.iter().filter(|(k, _)| !own.contains(&k.as_str()));
+                    let mut env = match role {
+                        Role::Verify => {
+                            let caller: Vec<_> = image_env.chain(l.envs).cloned().collect();
+                            verifier_env(path, BWRAP_VERIFIER, &caller)
+                        }
+                        _ => sandbox_env(path, home, image_env.chain(&state.envs).chain(l.envs)),
+                    };
+                    env.retain(|(k, _)| k != "SHELL");
+                    env.push(("SHELL".into(), image.shell.clone()));
+                    let verify_bash = role == Role::Verify && image.shell.ends_with("/bash");
+                    let shell = match verify_bash {
+                        true => VERIFY_SHELL[1..].to_vec(),
+                        false => vec!["-c"],
+                    };
+                    (
+                        env,
+                        [image.shell.as_str()].into_iter().chain(shell).collect(),
+                    )
+                }
             };
             let argv: Vec<&str> = argv.iter().copied().chain([l.cmd]).collect();
             let mut c = Request::Enter {
@@ -197,12 +225,12 @@ fn verifier_env(path: &str, dir: &str, caller: &[(String, String)]) -> Vec<(Stri
 /// The environment of a command under bwrap: ours alone but for the few variables passed
 /// through, then the caller's (which may override any).
 fn sandbox_env<'a>(
-    bwrap: &Bwrap,
+    path: &str,
     home: &str,
     caller: impl Iterator<Item = &'a (String, String)>,
 ) -> Vec<(String, String)> {
     let fixed = [
-        ("PATH", bwrap.path_env.as_str()),
+        ("PATH", path),
         ("USER", "user"),
         ("LOGNAME", "user"),
         ("SHELL", "/bin/bash"),
@@ -210,6 +238,15 @@ fn sandbox_env<'a>(
         ("HOME", home),
     ];
     compose_env(&fixed, caller)
+}
+
+/// An image's own `PATH`, or the usual one when it sets none.
+fn image_path(image: &ImageRoot) -> &str {
+    image
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or(DEFAULT_PATH, |(_, v)| v.as_str())
 }
 
 /// The host's few passed-through variables, then `fixed`, then the caller's: each later one

@@ -133,6 +133,13 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
     drop(guard);
     if !kept {
         state.replace_task_namespace(bwrap)?;
+        // What the task wrote over its image, its holder proven dead above.
+        if let Some(old) = holder.filter(|h| h.layer != 0) {
+            let layer = super::image_root::Layer::dir_of(&state.dir, old.layer);
+            crate::deep_remove::remove_tree(&layer).map_err(|e| {
+                unclean(format!("cannot remove the task's layer of its image: {e}"))
+            })?;
+        }
     }
     Ok(())
 }

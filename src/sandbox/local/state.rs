@@ -24,7 +24,8 @@ use super::snapshot::Sealed;
 use super::sys;
 use super::teardown;
 use crate::sandbox::{
-    normalize_relative, ErrorClass, Killed, OnTimeout, Result, Role, SandboxError, TESTS_DIR,
+    normalize_relative, ErrorClass, ImageRoot, Killed, OnTimeout, Result, Role, SandboxError,
+    TESTS_DIR,
 };
 use crate::sync::lock;
 
@@ -72,6 +73,8 @@ pub(super) struct SandboxState {
     /// `<dir>/logs`: `/logs` in the sandbox (see `stop`).
     pub logs: PathBuf,
     pub envs: Vec<(String, String)>,
+    /// The image its task processes run on, if any (see `image_root`).
+    pub image: Option<ImageRoot>,
     host: Arc<HostConfig>,
     /// Unix seconds. A cache: when it passes, meta.json is read again, since another wmo-e2b
     /// process may have extended it.
@@ -154,6 +157,7 @@ impl SandboxState {
             system,
             mounts,
             envs: meta.envs.clone(),
+            image: meta.image.clone(),
             host,
             deadline: AtomicU64::new(meta.deadline),
             paused: AtomicBool::new(meta.paused.is_some()),
@@ -183,6 +187,7 @@ impl SandboxState {
             passwd: &self.host.passwd,
             group: &self.host.group,
             shared: &self.host.system_read_only,
+            root: None,
         }
     }
 
@@ -460,8 +465,10 @@ impl SandboxState {
     /// The working directory of a new process; a directory the host serves must exist.
     pub fn cwd(&self, cwd: Option<&str>, role: Role) -> Result<String> {
         let Some(cwd) = cwd else {
+            let workdir = self.image.as_ref().and_then(|i| i.workdir.clone());
             return Ok(match role {
-                Role::Task | Role::Verify => self.home.clone(),
+                // An image's working directory, as its containers would start in.
+                Role::Task | Role::Verify => workdir.unwrap_or_else(|| self.home.clone()),
                 Role::System => self.system.clone(),
             });
         };

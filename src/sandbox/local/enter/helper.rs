@@ -115,10 +115,14 @@ fn serve(args: &[OsString]) -> Result<Never, Failure> {
             exec(argv)
         }
         b"join" => {
-            let [holder, user, argv @ ..] = rest else {
+            let [holder, user, rootfs, layer, base, argv @ ..] = rest else {
                 return Err(bad());
             };
             let opened = open_holder(holder, user == "u", false)?;
+            if rootfs != "-" {
+                let base = base.to_str().and_then(|b| b.parse().ok()).ok_or_else(bad)?;
+                super::image_mount::mount(rootfs, layer, base)?;
+            }
             only_stdio().map_err(cannot_enter)?;
             hand_on(&opened.pid, JOINED_PID_FD)?;
             if let Some(u) = &opened.user {

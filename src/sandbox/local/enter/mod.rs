@@ -17,7 +17,8 @@
 //!   --fork`). That launcher outside is why a holder's PID 1 is killed before the command
 //!   groups (see `Holder::kill`).
 //! - **join**: open a holder's PID namespace (and user namespace) as fd 10 (and 11) and exec
-//!   the rest with them: a nested holder's bwrap, which joins them itself (`--pidns 10`).
+//!   the rest with them: a nested holder's bwrap, which joins them itself (`--pidns 10`);
+//!   for a sandbox with an image, first mount it as that holder's root (`image_mount`).
 //! - **plain**: exec the rest.
 //! - **map**: exec the rest (a sandbox's first holder's bwrap, as root with an id range)
 //!   with a child that maps the user namespace bwrap makes (`userns`, `id_range`). Started
@@ -34,9 +35,10 @@
 //! start as root (a loader variable such as LD_PRELOAD there would run code as root).
 
 mod helper;
+mod image_mount;
 mod request;
 mod sweep;
 mod userns;
 
-pub(super) use request::{mapped, Request};
+pub(super) use request::{mapped, ImageMount, Request};
 pub(super) use userns::{HOST_ROOT_INSIDE, MAP_BLOCK_FD};

@@ -29,6 +29,8 @@ pub(in crate::sandbox::local) enum Request<'a> {
     Join {
         holder: &'a Holder,
         user_namespace: bool,
+        /// The image to mount as the holder's root first (see `image_mount`).
+        image: Option<ImageMount<'a>>,
         argv: &'a [OsString],
     },
     /// Just `argv`, with nothing of ours but stdio.
@@ -36,6 +38,15 @@ pub(in crate::sandbox::local) enum Request<'a> {
     /// Kill every process in `holder`'s PID namespace that is not root's, from inside it,
     /// and prove them gone (as root only: there the holder's own processes are root's).
     Sweep { holder: &'a Holder },
+}
+
+/// An unpacked image mounted, idmapped onto a sandbox's id range from `base`, beneath the
+/// writable layer in `layer` (see `image_root`).
+#[derive(Clone, Copy)]
+pub(in crate::sandbox::local) struct ImageMount<'a> {
+    pub rootfs: &'a std::path::Path,
+    pub layer: &'a std::path::Path,
+    pub base: u32,
 }
 
 /// What the holder's watcher shell runs before `argv`, as root, for a sandbox with an id
@@ -83,10 +94,19 @@ impl Request<'_> {
             Request::Join {
                 holder,
                 user_namespace,
+                image,
                 argv,
             } => {
                 args.extend(["join".into(), holder_arg(holder)]);
                 args.push(flag(*user_namespace, "u").into());
+                match image {
+                    Some(i) => args.extend([
+                        i.rootfs.as_os_str().to_owned(),
+                        i.layer.as_os_str().to_owned(),
+                        i.base.to_string().into(),
+                    ]),
+                    None => args.extend(["-".into(), "-".into(), "-".into()]),
+                }
                 args.extend(argv.iter().cloned());
             }
             Request::Plain { argv } => {
@@ -136,6 +156,7 @@ mod tests {
             start_time: 7,
             group: 41,
             group_start: 6,
+            layer: 0,
         };
         let env = [("A".to_string(), "1".to_string())];
         let c = Request::Enter {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::SandboxState;
 use crate::sandbox::local::holder_start;
+use crate::sandbox::local::image_root::{self, Layer};
 use crate::sandbox::local::isolation::Bwrap;
 use crate::sandbox::local::netns;
 use crate::sandbox::local::ns::{self, Holder, Space};
@@ -65,6 +66,18 @@ impl SandboxState {
             Space::Sandbox => None,
             Space::Task | Space::Spare => Some(self.holder(Space::Sandbox)?),
         };
+        // A task namespace on an image gets a layer of its own (see `image_root`).
+        let layer = match (&self.image, space) {
+            (Some(_), Space::Task | Space::Spare) => {
+                let root = bwrap.host_owner(self.ids, 0).unwrap_or(0);
+                Some(
+                    Layer::make(&self.dir, root)
+                        .map_err(|e| self.io_error("making the task's layer of the image", e))?,
+                )
+            }
+            _ => None,
+        };
+        let image = self.image.as_ref().zip(layer.as_ref());
         let h = holder_start::start(
             bwrap,
             &self.binds(),
@@ -73,8 +86,14 @@ impl SandboxState {
             parent.as_ref(),
             self.own_network,
             self.ids,
+            image.map(|(i, l)| (i.rootfs.as_path(), l)),
         )
-        .map_err(|e| self.io_error("starting the sandbox's namespace", e))?;
+        .map_err(|e| {
+            if let Some(l) = &layer {
+                let _ = crate::deep_remove::remove_tree(&l.dir);
+            }
+            self.io_error("starting the sandbox's namespace", e)
+        })?;
         if self.own_network && space == Space::Sandbox {
             netns::attach(bwrap, &self.dir, &h)
                 .map_err(|e| self.io_error("giving the sandbox its network", e))?;
@@ -124,6 +143,8 @@ impl SandboxState {
             }
             None => self.start_holder(bwrap, Space::Task)?,
         };
+        // The replaced namespace's layer, dead with it; the spare's is young, and kept.
+        image_root::sweep(&self.dir, &[holder.layer]);
         self.prepare_spare(bwrap);
         Ok(holder)
     }

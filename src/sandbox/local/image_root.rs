@@ -1,0 +1,160 @@
+//! A sandbox whose task processes run on an image's root filesystem (`CreateSpec::image`).
+//!
+//! Each task namespace gets a layer directory of its own, `layers/<n>/`, with the image
+//! mounted read-only at `lower`, a writable `upper` and overlay's `work`, and the overlay of
+//! the two at `merged`, which its holder's bwrap binds as `/` (the mounts are made by the
+//! helper that starts the holder, see `enter::image_mount`, and live only in that holder's
+//! mount namespace). What a task writes anywhere in the image lands in its own `upper`, and
+//! a reset, which starts a new task namespace over a new layer, leaves nothing of it: the
+//! old layer is removed once its holder is dead.
+//!
+//! The runner (`Role::System`) keeps the host's system directories: it needs Node.js, which
+//! an image need not have.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime};
+
+use super::holder_start;
+use super::isolation::{self, Isolation};
+use super::sys;
+use crate::sandbox::{Result, SandboxError};
+
+/// Where a sandbox's task layers live in its directory.
+pub(super) const LAYERS_DIR: &str = "layers";
+/// A layer no holder names is left alone this long: its holder may still be starting.
+const STARTING_GRACE: Duration = Duration::from_secs(60);
+
+/// Whether sandboxes with an image root can be made here: their ids must map onto an id
+/// range of their own, which takes root, bubblewrap and user namespaces.
+pub(super) fn supported(isolation: Isolation) -> Result<()> {
+    let mapped = isolation == Isolation::Bwrap
+        && isolation::probe()
+            .ok()
+            .and_then(holder_start::mapper)
+            .is_some();
+    if mapped {
+        return Ok(());
+    }
+    Err(SandboxError::Unsupported(
+        "a task environment's image runs only in sandboxes with user ids of their own: run \
+         wmo-e2b as root, with bubblewrap (--isolation bwrap) and user namespaces enabled"
+            .into(),
+    ))
+}
+
+/// A task namespace's layer directory, made for one holder.
+pub(super) struct Layer {
+    /// Names it (`layers/<number>`), recorded with the holder.
+    pub number: u64,
+    pub dir: PathBuf,
+}
+
+impl Layer {
+    /// Makes a fresh layer in `sandbox_dir`: `upper` owned by the sandbox's root (`root_owner`
+    /// on the host) as the image's own root directory is, the rest the host's.
+    pub fn make(sandbox_dir: &Path, root_owner: u32) -> io::Result<Layer> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let layers = sandbox_dir.join(LAYERS_DIR);
+        fs::create_dir_all(&layers)?;
+        // Unique within this sandbox for any process: our pid, then a count of our own.
+        let number =
+            (u64::from(std::process::id()) << 32) | u64::from(NEXT.fetch_add(1, Ordering::Relaxed));
+        let dir = layers.join(number.to_string());
+        fs::create_dir(&dir)?;
+        for part in ["lower", "upper", "work", "merged"] {
+            fs::create_dir(dir.join(part))?;
+        }
+        let upper = dir.join("upper");
+        fs::set_permissions(&upper, fs::Permissions::from_mode(0o755))?;
+        sys::chown(&upper, root_owner)?;
+        Ok(Layer { number, dir })
+    }
+
+    pub fn merged(&self) -> PathBuf {
+        self.dir.join("merged")
+    }
+
+    /// The layer directory `number` names in `sandbox_dir`.
+    pub fn dir_of(sandbox_dir: &Path, number: u64) -> PathBuf {
+        sandbox_dir.join(LAYERS_DIR).join(number.to_string())
+    }
+}
+
+/// Removes the layers of `sandbox_dir` that no holder in `keep` names and that are old
+/// enough that no holder is still being started over them; returns how many it removed.
+pub(super) fn sweep(sandbox_dir: &Path, keep: &[u64]) -> usize {
+    let Ok(entries) = fs::read_dir(sandbox_dir.join(LAYERS_DIR)) else {
+        return 0;
+    };
+    let now = SystemTime::now();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let named = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u64>().ok());
+        if named.is_some_and(|n| keep.contains(&n)) {
+            continue;
+        }
+        let young = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| now.duration_since(t).ok())
+            .is_none_or(|age| age < STARTING_GRACE);
+        if !young && crate::deep_remove::remove_tree(&entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_has_its_four_parts_and_a_number_of_its_own() {
+        let tmp = tempfile::tempdir().unwrap();
+        let owner = nix_uid();
+        let a = Layer::make(tmp.path(), owner).unwrap();
+        let b = Layer::make(tmp.path(), owner).unwrap();
+        assert_ne!(a.number, b.number);
+        for part in ["lower", "upper", "work", "merged"] {
+            assert!(a.dir.join(part).is_dir(), "{part}");
+        }
+        assert_eq!(Layer::dir_of(tmp.path(), a.number), a.dir);
+        // Fresh layers are left alone even when no holder names them yet.
+        assert_eq!(sweep(tmp.path(), &[]), 0);
+        assert!(a.dir.is_dir() && b.dir.is_dir());
+    }
+
+    #[test]
+    fn a_sweep_removes_old_layers_no_holder_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let owner = nix_uid();
+        let (kept, old) = (
+            Layer::make(tmp.path(), owner).unwrap(),
+            Layer::make(tmp.path(), owner).unwrap(),
+        );
+        let long_ago = SystemTime::now() - 2 * STARTING_GRACE;
+        for l in [&kept, &old] {
+            fs::File::open(&l.dir)
+                .unwrap()
+                .set_modified(long_ago)
+                .unwrap();
+        }
+        assert_eq!(sweep(tmp.path(), &[kept.number]), 1);
+        assert!(kept.dir.is_dir());
+        assert!(!old.dir.exists());
+    }
+
+    fn nix_uid() -> u32 {
+        // SAFETY: getuid has no preconditions.
+        unsafe { libc::getuid() }
+    }
+}
