@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::channel::{LeaseRenewal, StdioChannel};
 use crate::runner::{self, BootstrapOpts, RunnerError};
-use crate::sandbox::{Backend, CreateSpec, Sandbox, SandboxError};
+use crate::sandbox::{Backend, CreateSpec, ImageRoot, Sandbox, SandboxError};
 use crate::sync::lock;
 
 /// Parallel kills at `close`.
@@ -93,6 +93,9 @@ pub struct Warm {
     /// The digest of the harness files this sandbox's runner holds (sent with an earlier
     /// episode; the runner keeps them for as long as it runs).
     pub harness_files: Option<String>,
+    /// The image its task processes run on (its id), if any: it serves only tasks of that
+    /// environment.
+    pub image: Option<String>,
 }
 
 /// Sandboxes created and sandbox-seconds (create to proven kill, or to now while live), and
@@ -155,6 +158,16 @@ impl Pool {
         lock(&self.state)
     }
 
+    /// The absolute workspace directory of a task on `sandbox` whose processes run on
+    /// `image`: the image's working directory when it names one (where its tasks expect to
+    /// work), else the pool's workspace in the home.
+    pub fn workspace_for(&self, sandbox: &dyn Sandbox, image: Option<&ImageRoot>) -> String {
+        match image.and_then(|i| i.workdir.as_deref()) {
+            Some(dir) if dir.starts_with('/') && dir != "/" => dir.trim_end_matches('/').into(),
+            _ => self.workspace_of(sandbox),
+        }
+    }
+
     /// The absolute workspace directory of `sandbox`.
     pub fn workspace_of(&self, sandbox: &dyn Sandbox) -> String {
         format!(
@@ -164,16 +177,34 @@ impl Pool {
         )
     }
 
-    /// A warm sandbox: the most recently released idle one that is still alive, or a new one.
+    /// A warm sandbox of the pool's own environment (see [`Pool::acquire_for`]).
     pub fn acquire(&self) -> Result<Warm, PoolError> {
+        self.acquire_for(None)
+    }
+
+    /// A warm sandbox whose task processes run on `image` (`None`: the spec's own): the
+    /// most recently released idle one of that environment that is still alive, or a new
+    /// one. Making a new one retires the longest idle sandbox of another environment, so a
+    /// run over many environments holds no more sandboxes than one over a single one.
+    pub fn acquire_for(&self, image: Option<&ImageRoot>) -> Result<Warm, PoolError> {
+        let wanted = image.map(|i| i.id.as_str());
         loop {
-            let warm = {
+            let (warm, other) = {
                 let mut st = self.state();
                 if st.closed {
                     return Err(PoolError::Closed);
                 }
-                st.idle.pop()
+                match st.idle.iter().rposition(|w| w.image.as_deref() == wanted) {
+                    Some(i) => (Some(st.idle.remove(i)), None),
+                    None if st.idle.is_empty() => (None, None),
+                    None => (None, Some(st.idle.remove(0))),
+                }
             };
+            if let Some(other) = other {
+                let sandbox = other.sandbox.clone();
+                drop(other);
+                let _ = self.retire(&sandbox);
+            }
             let Some(mut warm) = warm else { break };
             // Extending the lease first proves the sandbox is alive and gives the episode a
             // full lease.
@@ -187,12 +218,15 @@ impl Pool {
                 }
             }
         }
-        self.create()
+        self.create(image)
     }
 
-    fn create(&self) -> Result<Warm, PoolError> {
+    fn create(&self, image: Option<&ImageRoot>) -> Result<Warm, PoolError> {
         let mut spec = self.config.spec.clone();
         spec.timeout_secs = self.config.lease.as_secs();
+        if let Some(image) = image {
+            spec.image = Some(image.clone());
+        }
         let sandbox = self.backend.create(&spec).map_err(PoolError::Create)?;
         {
             let mut st = self.state();
@@ -242,6 +276,7 @@ impl Pool {
             channel: started.channel,
             reused: false,
             harness_files: None,
+            image: spec.image.map(|i| i.id),
         })
     }
 

@@ -147,20 +147,23 @@ fn refused(env: &Env, tasks: &Path, extra: &[&str]) -> String {
 }
 
 #[test]
-fn environments_are_refused_until_images_run() {
+fn dockerfiles_are_refused_until_images_are_built_and_images_off_the_local_backend() {
     let env = Env::new();
     let path = env.write_tasks(&[
         json!({"id": "plain", "instruction": "x"}).to_string(),
         json!({"id": "on-alpine", "instruction": "x", "image": "alpine:3.20"}).to_string(),
     ]);
-    let e = refused(&env, &path, &[]);
+    let e = refused(&env, &path, &["--backend", "e2b"]);
     assert!(
-        e.contains("\"on-alpine\"") && e.contains("not supported by this build yet"),
+        e.contains("alpine:3.20") && e.contains("local backend"),
         "{e}"
     );
     let path = env.write_tasks(&[json!({"id": "plain", "instruction": "x"}).to_string()]);
-    let e = refused(&env, &path, &["--image", "alpine:3.20"]);
-    assert!(e.contains("\"plain\"") && e.contains("--image"), "{e}");
+    let e = refused(&env, &path, &["--image", "alpine:3.20", "--backend", "e2b"]);
+    assert!(
+        e.contains("alpine:3.20") && e.contains("local backend"),
+        "{e}"
+    );
 
     let docker =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harbor/with-dockerfile");

@@ -148,6 +148,7 @@ fn a_task_whose_handling_panics_ends_as_error_its_sandbox_killed_and_the_run_goe
         harness: "builtin".into(),
         attempts: 1,
         image: None,
+        runs_images: true,
     })
     .unwrap();
     let backend = LocalBackend::open(&env.home()).unwrap();
@@ -186,6 +187,7 @@ fn a_task_whose_handling_panics_ends_as_error_its_sandbox_killed_and_the_run_goe
         },
         provenance: provenance(),
         verifier: Default::default(),
+        environments: &Default::default(),
     })
     .expect("the run survives a panicking task");
 
@@ -234,5 +236,6 @@ fn provenance() -> Provenance {
             sha256: "test".into(),
             line: None,
         },
+        image: None,
     }
 }

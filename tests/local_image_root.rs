@@ -55,20 +55,43 @@ fn image(dir: &Path) -> ImageRoot {
             ("HOME".into(), "/root".into()),
         ],
         workdir: Some("/work".into()),
-        uid: None,
+        user: 0,
         shell: "/bin/sh".into(),
     }
 }
 
-fn create_on(
-    b: &wmo_e2b::sandbox::local::LocalBackend,
-    image: &ImageRoot,
-) -> std::sync::Arc<dyn Sandbox> {
-    b.create(&CreateSpec {
-        image: Some(image.clone()),
-        ..spec()
-    })
-    .unwrap()
+/// A backend on a fresh state directory and an image made for the test (as root only).
+struct Scene {
+    state: tempfile::TempDir,
+    b: std::sync::Arc<wmo_e2b::sandbox::local::LocalBackend>,
+    _images: tempfile::TempDir,
+    img: ImageRoot,
+}
+
+impl Scene {
+    fn new() -> Option<Scene> {
+        if !is_root() {
+            return None;
+        }
+        let (state, b) = backend();
+        let images = tempfile::tempdir().unwrap();
+        let img = image(images.path());
+        Some(Scene {
+            state,
+            b,
+            _images: images,
+            img,
+        })
+    }
+
+    fn create(&self) -> std::sync::Arc<dyn Sandbox> {
+        self.b
+            .create(&CreateSpec {
+                image: Some(self.img.clone()),
+                ..spec()
+            })
+            .unwrap()
+    }
 }
 
 fn run_as(sb: &dyn Sandbox, role: Role, cmd: &str) -> (Option<i32>, String, String) {
@@ -86,13 +109,10 @@ fn run_as(sb: &dyn Sandbox, role: Role, cmd: &str) -> (Option<i32>, String, Stri
 
 #[test]
 fn tasks_run_on_the_image_and_see_nothing_of_the_hosts_system() {
-    if !is_root() {
+    let Some(scene) = Scene::new() else {
         return;
-    }
-    let (_d, b) = backend();
-    let dir = tempfile::tempdir().unwrap();
-    let img = image(dir.path());
-    let sb = create_on(&b, &img);
+    };
+    let sb = scene.create();
     let (code, out, err) = run_as(
         &*sb,
         Role::Task,
@@ -120,13 +140,11 @@ fn tasks_run_on_the_image_and_see_nothing_of_the_hosts_system() {
 
 #[test]
 fn what_the_image_root_owns_no_task_can_change() {
-    if !is_root() {
+    let Some(scene) = Scene::new() else {
         return;
-    }
-    let (_d, b) = backend();
-    let dir = tempfile::tempdir().unwrap();
-    let img = image(dir.path());
-    let sb = create_on(&b, &img);
+    };
+    let img = &scene.img;
+    let sb = scene.create();
     // The agent tries to replace what the verifier runs, and to plant files it reads.
     for attack in [
         "echo 'exit 0' > /bin/sh",
@@ -159,13 +177,11 @@ fn what_the_image_root_owns_no_task_can_change() {
 
 #[test]
 fn what_a_task_writes_over_the_image_is_gone_after_a_reset() {
-    if !is_root() {
+    let Some(scene) = Scene::new() else {
         return;
-    }
-    let (state, b) = backend();
-    let dir = tempfile::tempdir().unwrap();
-    let img = image(dir.path());
-    let sb = create_on(&b, &img);
+    };
+    let (b, img) = (&scene.b, &scene.img);
+    let sb = scene.create();
     sb.seal().unwrap();
     // Where the image lets the sandbox user write: in its working directory, and /tmp.
     let (code, _, err) = run_as(
@@ -186,15 +202,24 @@ fn what_a_task_writes_over_the_image_is_gone_after_a_reset() {
         .unwrap()
         .next()
         .is_none());
-    let layers = state.path().join("sandboxes").join(sb.id()).join("layers");
-    let left = std::fs::read_dir(&layers).unwrap().count();
+    let layers = scene
+        .state
+        .path()
+        .join("sandboxes")
+        .join(sb.id())
+        .join("layers");
+    let left = std::fs::read_dir(&layers)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .count();
     assert!(
         left <= 2,
         "{left} layers: the task's and the spare's at most"
     );
     let id = sb.id().to_string();
     b.kill(&id).unwrap();
-    assert!(!sb_dir_exists(&b, &id));
+    assert!(!sb_dir_exists(b, &id));
 }
 
 #[test]
@@ -215,4 +240,79 @@ fn a_sandbox_without_an_image_keeps_the_hosts_system() {
     let dir = state.path().join("sandboxes").join(sb.id());
     assert!(dir.join("meta.json").is_file());
     assert!(!dir.join("layers").exists(), "no layers without an image");
+}
+
+#[test]
+fn the_working_directory_is_the_tasks_to_edit_and_its_edits_end_with_the_task() {
+    let Some(scene) = Scene::new() else {
+        return;
+    };
+    let img = &scene.img;
+    // What the image's root owns in its working directory, as most images have it.
+    let source = img.rootfs.join("work/main.txt");
+    std::fs::write(&source, "original\n").unwrap();
+    std::os::unix::fs::chown(img.rootfs.join("work"), Some(0), Some(0)).unwrap();
+    let sb = scene.create();
+    sb.seal().unwrap();
+    let (code, out, err) = run_as(
+        &*sb,
+        Role::Task,
+        "echo edited >> main.txt && cat main.txt && stat -c %u main.txt . && \
+         touch new.txt && ! touch /etc/new.txt",
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, "original\nedited\n1000\n1000\n");
+    let (_, out, _) = run_as(&*sb, Role::Verify, "cat /work/main.txt");
+    assert_eq!(
+        out, "original\nedited\n",
+        "the verifier sees the agent's work"
+    );
+    assert_eq!(std::fs::read_to_string(&source).unwrap(), "original\n");
+    sb.reset().unwrap();
+    let (_, out, _) = run_as(&*sb, Role::Task, "cat main.txt; ls");
+    assert_eq!(out, "original\nmain.txt\n");
+}
+
+#[test]
+fn a_working_directory_that_is_a_symlink_reaches_nothing_of_the_host() {
+    let Some(scene) = Scene::new() else {
+        return;
+    };
+    let (b, img) = (&scene.b, &scene.img);
+    std::fs::remove_dir(img.rootfs.join("work")).unwrap();
+    std::os::unix::fs::symlink("/etc", img.rootfs.join("work")).unwrap();
+    let err = b
+        .create(&CreateSpec {
+            image: Some(img.clone()),
+            ..spec()
+        })
+        .err()
+        .expect("a sandbox whose working directory leads out of its image");
+    let chain = wmo_e2b::errors::error_chain(&err);
+    assert!(chain.contains("working directory /work"), "{chain}");
+    let left = std::fs::read_dir(scene.state.path().join("sandboxes"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("lsb-"))
+        .count();
+    assert_eq!(left, 0, "the failed sandbox is gone");
+}
+
+#[test]
+fn the_agents_work_on_the_image_survives_its_runner_being_stopped_for_the_verifier() {
+    let Some(scene) = Scene::new() else {
+        return;
+    };
+    let sb = scene.create();
+    sb.seal().unwrap();
+    let (code, _, err) = run_as(&*sb, Role::Task, "echo work > /work/out.txt");
+    assert_eq!(code, Some(0), "{err}");
+    // A harness that cannot be trusted: every process of the sandbox ends, its namespaces
+    // start again, and the verifier still judges what the agent made.
+    sb.stop_agent(true).unwrap();
+    let (_, out, _) = run_as(&*sb, Role::Verify, "cat /work/out.txt");
+    assert_eq!(out, "work\n");
+    sb.reset().unwrap();
+    let (_, out, _) = run_as(&*sb, Role::Task, "ls -A /work");
+    assert_eq!(out, "");
 }

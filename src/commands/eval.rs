@@ -11,8 +11,9 @@ use wmo_e2b::eval::provenance::{self, Provenance, TasksFile};
 use wmo_e2b::eval::shard;
 use wmo_e2b::eval::spend::{self, Caps, PriceError, PriceOptions};
 use wmo_e2b::eval::{
-    self, EvalLimits, EvalRun, Harness, RunControl, SpendPlan, Verdict, VerifierMode,
+    self, Environments, EvalLimits, EvalRun, Harness, RunControl, SpendPlan, Verdict, VerifierMode,
 };
+use wmo_e2b::image::{RegistryConfig, Store};
 use wmo_e2b::pool::Pool;
 use wmo_e2b::provider::metered::Metered;
 use wmo_e2b::provider::Provider;
@@ -233,6 +234,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         harness: args.harness.clone(),
         attempts: args.attempts,
         image: args.image.clone(),
+        runs_images: args.backend == BackendKind::Local,
     })
     .map_err(|e| match e {
         PlanError::Tasks(t) => anyhow::Error::new(t),
@@ -302,6 +304,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             args.network.map_or(Network::Internet, Network::from),
         ),
     };
+    let environments = make_environments(&args, &plan)?;
     let pi_digest = pi.as_ref().map(|i| i.bundle.digest());
     let provenance = run_provenance(&args, &plan, pi_digest.as_deref(), skills.as_deref())?;
     // Every sandbox of the run is leased before it is created.
@@ -362,6 +365,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         control,
         spend,
         provenance,
+        environments: &environments,
         verifier: match args.verifier {
             VerifierKind::Same => VerifierMode::Same,
             VerifierKind::Separate => VerifierMode::Separate,
@@ -383,6 +387,22 @@ fn e2b_options(args: &EvalArgs) -> wmo_e2b::sandbox::e2b::E2bOptions {
         o.template = t.clone();
     }
     o
+}
+
+/// The images the tasks run on, pulled and unpacked before any sandbox starts.
+fn make_environments(args: &EvalArgs, plan: &plan::EvalPlan) -> Result<Environments> {
+    if plan.images.is_empty() {
+        return Ok(Environments::default());
+    }
+    let store = Store::open_default().context("cannot open the image store")?;
+    let config = RegistryConfig::load_default()?;
+    eprintln!("preparing {} image(s)", plan.images.len());
+    Ok(Environments::make(
+        &plan.images,
+        args.image.as_deref(),
+        &store,
+        &config,
+    )?)
 }
 
 /// What produces this run's results; with `--resume`, refuses to add them to results made
@@ -425,6 +445,7 @@ fn run_provenance(
             sha256: tasks_digest,
             line: None,
         },
+        image: None,
     };
     // Only results that are kept can be mixed with: those `--resume` runs again are not.
     if !args.allow_mixed {

@@ -55,8 +55,9 @@ impl SandboxEnvironment {
         let secs = self.bash_timeout.as_secs().max(1);
         // coreutils `timeout` sends TERM first and KILL after a grace period; our own deadline
         // below is the hard bound if even that does not end it. `exec` spares one process.
+        // The sandbox's shell: bash, or an image's `sh` where it has no bash.
         let wrapped = format!(
-            "exec timeout -k {}s {secs}s bash -c {}",
+            "exec timeout -k {}s {secs}s \"${{SHELL:-bash}}\" -c {}",
             KILL_AFTER.as_secs(),
             shell_quote(command)
         );

@@ -113,7 +113,7 @@ fn run_attempt(
 ) -> Attempt {
     let mut progress = carried.clone();
     let t0 = Instant::now();
-    let acquired = run.pool.acquire();
+    let acquired = run.pool.acquire_for(run.environments.of(task));
     progress.acquire += t0.elapsed().as_secs_f64();
     let acquired = match acquired {
         Ok(w) => w,
@@ -195,7 +195,9 @@ fn episode_in(
     mut progress: Progress,
 ) -> (Attempt, bool) {
     let sandbox = warm.sandbox.clone();
-    let ws = run.pool.workspace_of(sandbox.as_ref());
+    let ws = run
+        .pool
+        .workspace_for(sandbox.as_ref(), run.environments.of(task));
     let wall = task
         .timeout_s
         .map_or(run.limits.episode_timeout, Duration::from_secs_f64);

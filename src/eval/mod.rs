@@ -11,6 +11,7 @@
 mod attempt;
 mod budget;
 mod control;
+pub mod environments;
 mod outcome;
 pub mod plan;
 pub mod provenance;
@@ -44,6 +45,7 @@ use crate::sync::{into_inner, lock};
 use crate::task::{Task, TaskList};
 pub use budget::SpendPlan;
 pub use control::RunControl;
+pub use environments::Environments;
 pub use results::{ResultsWriter, Status, TaskRecord};
 pub use schedule::AttemptPlan;
 pub use summary::{EvalSummary, Tally, Verdict};
@@ -231,6 +233,8 @@ pub struct EvalRun<'a> {
     pub provenance: provenance::Provenance,
     /// Where `verify` runs (`--verifier`).
     pub verifier: VerifierMode,
+    /// The images tasks run on, made before the run (see `environments`).
+    pub environments: &'a Environments,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -303,7 +307,8 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     let finish = |task: &Task, attempt: u32, mut record: TaskRecord| {
         record.attempt = attempt;
         budget.finished(&mut record);
-        record.provenance = Some(run.provenance.for_line(task.line));
+        let image = run.environments.pinned(task);
+        record.provenance = Some(run.provenance.for_line(task.line).on_image(image));
         // The record is on disk before anyone hears of it.
         if let Err(e) = writer.append(&record) {
             let message = error_chain(&e);

@@ -34,6 +34,8 @@ pub struct EvalOptions {
     pub attempts: u32,
     /// The environment of every task that names none (`--image`).
     pub image: Option<String>,
+    /// Whether the backend runs tasks on images (the local one does; E2B runs templates).
+    pub runs_images: bool,
 }
 
 /// A run, ready to start: its tasks, its harness, and its output directory, locked.
@@ -54,6 +56,9 @@ pub struct EvalPlan {
     pub harness: Harness,
     /// Held for the whole run: a second run into the same directory is refused.
     pub lock: RunLock,
+    /// The images the tasks run on (their own, or `--image`), each once, to be made before
+    /// any sandbox starts (see `environments`).
+    pub images: Vec<String>,
 }
 
 /// Why a run cannot start. All of them are the user's to fix except `Io`.
@@ -68,9 +73,13 @@ pub enum PlanError {
     #[error(transparent)]
     Results(#[from] ResultsError),
     #[error(
-        "task {id:?} names an environment ({what}), and images are not supported by this build yet"
+        "task {id:?} names an environment ({what}), and building images is not supported by this build yet: build it, push it to a registry and name it as `image`"
     )]
     EnvironmentUnsupported { id: String, what: String },
+    #[error(
+        "task {id:?} runs on image {image}, and images run on the local backend only: E2B runs templates, which this build does not make from images yet"
+    )]
+    ImagesUnsupported { id: String, image: String },
     #[error("cannot create the output directory {path}")]
     Io {
         path: PathBuf,
@@ -85,7 +94,8 @@ impl PlanError {
         match self {
             PlanError::Usage(_)
             | PlanError::Tasks(_)
-            | PlanError::EnvironmentUnsupported { .. } => true,
+            | PlanError::EnvironmentUnsupported { .. }
+            | PlanError::ImagesUnsupported { .. } => true,
             PlanError::Locked(e) => matches!(e, RunLockError::Held { .. }),
             PlanError::Results(_) | PlanError::Io { .. } => false,
         }
@@ -115,10 +125,23 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
     // held whole, read from task directories). Refused before anything starts: an
     // environment this build cannot run.
     let mut unsupported = None;
+    let mut images: Vec<String> = Vec::new();
     let mut keep = |t: &Task| {
         let kept = shard.is_none_or(|s| s.holds(&t.id));
         if kept && unsupported.is_none() {
-            unsupported = refuse_environment(t, opts.image.as_deref()).err();
+            match environment_of(t, opts.image.as_deref()) {
+                Ok(Some(image)) if !opts.runs_images => {
+                    unsupported = Some(PlanError::ImagesUnsupported {
+                        id: crate::terminal::escape(&t.id).into_owned(),
+                        image: crate::terminal::escape(image).into_owned(),
+                    })
+                }
+                Ok(Some(image)) if !images.iter().any(|i| i == image) => {
+                    images.push(image.to_string())
+                }
+                Ok(_) => {}
+                Err(refused) => unsupported = Some(refused),
+            }
         }
         kept
     };
@@ -167,6 +190,7 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
         shard,
         harness,
         lock,
+        images,
     })
 }
 
@@ -246,21 +270,22 @@ impl EvalPlan {
     }
 }
 
-/// The one place a task naming an environment is refused, until images run: remove this
-/// (and its call) when they do.
-fn refuse_environment(task: &Task, default_image: Option<&str>) -> Result<(), PlanError> {
-    let what = match (&task.environment, default_image) {
-        (Some(EnvironmentSpec::Image(r)), _) => format!("image {r:?}"),
+/// The image a task runs on: its own, else `--image`, else none. A Dockerfile is refused
+/// until images are built.
+fn environment_of<'t>(
+    task: &'t Task,
+    default_image: Option<&'t str>,
+) -> Result<Option<&'t str>, PlanError> {
+    match (&task.environment, default_image) {
+        (Some(EnvironmentSpec::Image(r)), _) => Ok(Some(r)),
         (Some(EnvironmentSpec::Dockerfile { path, .. }), _) => {
-            format!("Dockerfile {}", path.display())
+            Err(PlanError::EnvironmentUnsupported {
+                id: crate::terminal::escape(&task.id).into_owned(),
+                what: format!("Dockerfile {}", path.display()),
+            })
         }
-        (None, Some(r)) => format!("--image {r:?}"),
-        (None, None) => return Ok(()),
-    };
-    Err(PlanError::EnvironmentUnsupported {
-        id: crate::terminal::escape(&task.id).into_owned(),
-        what,
-    })
+        (None, default) => Ok(default),
+    }
 }
 
 /// `builtin`, `pi`, `oracle`, `nop`, or a directory of the user's harness (read and

@@ -37,6 +37,9 @@ pub struct Provenance {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skills: Option<String>,
     pub tasks_file: TasksFile,
+    /// The image the task ran on, as `reference@digest` (on a record, when it ran on one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// The tasks file: its digest, and (on a record) the task's line in it.
@@ -87,6 +90,11 @@ impl Provenance {
             },
             ..self.clone()
         }
+    }
+
+    /// This provenance for a task that ran on `image` (`reference@digest`).
+    pub fn on_image(self, image: Option<String>) -> Provenance {
+        Provenance { image, ..self }
     }
 
     /// The first of the fields that must match for results to be mixed (harness and its
@@ -145,6 +153,7 @@ mod tests {
                 sha256: "sha256:t".into(),
                 line: None,
             },
+            image: None,
         };
         let same = serde_json::to_value(p.for_line(3)).unwrap();
         assert_eq!(p.mismatch(&same), None);

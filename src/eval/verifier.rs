@@ -169,11 +169,15 @@ fn verify_separately(
         pool: &run.pool,
         warm: None,
     };
-    let fresh = held
-        .warm
-        .insert(run.pool.acquire().map_err(SandboxFailure::no_sandbox)?);
+    let fresh = held.warm.insert(
+        run.pool
+            .acquire_for(run.environments.of(task))
+            .map_err(SandboxFailure::no_sandbox)?,
+    );
     let sandbox = fresh.sandbox.clone();
-    let ws = run.pool.workspace_of(sandbox.as_ref());
+    let ws = run
+        .pool
+        .workspace_for(sandbox.as_ref(), run.environments.of(task));
     let result = (|| {
         let failed = |e: &crate::sandbox::SandboxError, what: &str| {
             SandboxFailure::new(e, what, sandbox.home())

@@ -13,6 +13,8 @@ use crate::task::Task;
 
 /// Bytes of setup output quoted in a setup failure.
 const SETUP_TAIL: usize = 2048;
+/// Where the task's files wait, home-relative, for a workspace outside the home.
+const STAGING: &str = ".wmo-e2b-task-files";
 
 /// Writes the task's files and runs its setup. `Err` carries the attempt's end (and whether
 /// the sandbox may be reused).
@@ -27,9 +29,16 @@ pub(super) fn prepare_workspace(
     let failed = |e: &SandboxError, what: &str| {
         SandboxFailure::new(e, what, sandbox.home()).end(task, progress, attempt)
     };
+    let home = sandbox.home().trim_end_matches('/');
+    // A workspace in the home is recreated empty; an image's working directory (see
+    // `Pool::workspace_for`) starts as the image made it, and the task's files reach it
+    // through the home, where the host writes, copied over by the task's user.
+    let in_home = ws.strip_prefix(home).is_some_and(|r| r.starts_with('/'));
+    let staging = format!("{home}/{STAGING}");
+    let files_at = if in_home { ws } else { staging.as_str() };
     let mut paths = Vec::with_capacity(task.files.len());
     for (rel, content) in &task.files {
-        match crate::sandbox::contained_path(ws, rel) {
+        match crate::sandbox::contained_path(files_at, rel) {
             Ok(p) => paths.push((p, content)),
             Err(e) => {
                 let detail = error_text(&e, sandbox.home());
@@ -41,12 +50,14 @@ pub(super) fn prepare_workspace(
     // names no absolute sandbox path). Without files, setup runs in the same command. The
     // setup is a group of its own lines, so a trailing `&` backgrounds only what the setup
     // says, never the workspace's creation.
-    let rel = shell_quote(
-        ws.strip_prefix(sandbox.home().trim_end_matches('/'))
-            .unwrap_or(ws)
-            .trim_start_matches('/'),
-    );
-    let fresh = format!("rm -rf {rel} && mkdir -p {rel}");
+    let (rel, fresh) = if in_home {
+        let rel = shell_quote(ws[home.len()..].trim_start_matches('/'));
+        let fresh = format!("rm -rf {rel} && mkdir -p {rel}");
+        (rel, fresh)
+    } else {
+        let (at, staged) = (shell_quote(ws), shell_quote(STAGING));
+        (at.clone(), format!("rm -rf {staged} && mkdir -p {at}"))
+    };
     let setup = task
         .setup
         .as_deref()
@@ -77,6 +88,22 @@ pub(super) fn prepare_workspace(
         for (path, content) in &paths {
             if let Err(e) = sandbox.write_file(path, content.as_bytes()) {
                 return Err(failed(&e, "writing task files"));
+            }
+        }
+        if !in_home {
+            let staged = shell_quote(STAGING);
+            let copy = format!("cp -R {staged}/. {rel}/ && rm -rf {staged}");
+            match sandbox.run(&copy, &opts) {
+                Ok(out) if out.exit_code == Some(0) => {}
+                Ok(out) => {
+                    let detail = format!(
+                        "cannot copy the task's files into {ws}: {}",
+                        out.stderr.to_text()
+                    );
+                    let detail = without_home(detail, sandbox.home());
+                    return Err((setup_error(task, progress, attempt, detail), false));
+                }
+                Err(e) => return Err(failed(&e, "copying task files")),
             }
         }
         match &setup {

@@ -416,8 +416,9 @@ pub struct ImageRoot {
     pub env: Vec<(String, String)>,
     /// The config's `WorkingDir`: where a task's commands start when they name no directory.
     pub workdir: Option<String>,
-    /// The config's `User` as a uid of the image's own (never root: see the README).
-    pub uid: Option<u32>,
+    /// The image's user (its config's `User`, root when it names none): what it owns in the
+    /// working directory is the sandbox user's, as it would be in a container.
+    pub user: u32,
     /// The shell commands run with: `/bin/bash` when the image has it, else `/bin/sh`.
     pub shell: String,
 }

@@ -163,6 +163,23 @@ impl Buildah {
     }
 }
 
+impl Buildah {
+    /// Pushes an image of `tree` (copied to `/` as it is, symlinks and all) with `config`
+    /// (`buildah config` options) to `registry` as `repo:tag`.
+    pub fn push_tree(&self, registry: &str, repo_tag: &str, tree: &Path, config: &[&str]) {
+        let c = self.run(&["from", "scratch"]);
+        self.run(&["copy", &c, &tree.to_string_lossy(), "/"]);
+        let mut args = vec!["config"];
+        args.extend(config);
+        args.push(&c);
+        self.run(&args);
+        let image = format!("img-{}", repo_tag.replace(['/', ':'], "-"));
+        self.run(&["commit", "--quiet", &c, &image]);
+        let dest = format!("docker://{registry}/{repo_tag}");
+        self.run(&["push", "--quiet", "--tls-verify=false", &image, &dest]);
+    }
+}
+
 /// How the front misbehaves.
 #[derive(Debug, Clone, Default)]
 pub struct Faults {

@@ -25,7 +25,7 @@ use super::spawn::Io;
 use super::spawn::Spawn;
 use super::start_report::read_until;
 use super::sys;
-use crate::sandbox::Role;
+use crate::sandbox::{ImageRoot, Role};
 
 /// How long a holder may take to report its namespace.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -104,7 +104,7 @@ pub(super) fn start(
     parent: Option<&Holder>,
     own_network: bool,
     ids: Option<IdRange>,
-    image: Option<(&Path, &Layer)>,
+    image: Option<(&ImageRoot, &Layer)>,
 ) -> io::Result<Holder> {
     let user_namespace = bwrap.in_user_namespace(ids);
     // As root with an id range, bwrap and the holder run as the host's root inside the
@@ -188,10 +188,12 @@ pub(super) fn start(
             holder,
             user_namespace,
             image: match (image, ids) {
-                (Some((rootfs, layer)), Some(range)) => Some(ImageMount {
-                    rootfs,
+                (Some((image, layer)), Some(range)) => Some(ImageMount {
+                    rootfs: &image.rootfs,
                     layer: &layer.dir,
                     base: range.base,
+                    workdir: layer.workdir.as_deref(),
+                    user: image.user,
                 }),
                 (Some(_), None) => {
                     return Err(io::Error::other("an image root needs a sandbox id range"))

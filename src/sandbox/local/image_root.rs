@@ -25,6 +25,8 @@ use crate::sandbox::{Result, SandboxError};
 
 /// Where a sandbox's task layers live in its directory.
 pub(super) const LAYERS_DIR: &str = "layers";
+/// The file naming the current task namespace's layer, in `layers/`.
+const CURRENT: &str = "task";
 /// A layer no holder names is left alone this long: its holder may still be starting.
 const STARTING_GRACE: Duration = Duration::from_secs(60);
 
@@ -51,12 +53,20 @@ pub(super) struct Layer {
     /// Names it (`layers/<number>`), recorded with the holder.
     pub number: u64,
     pub dir: PathBuf,
+    /// The image's working directory relative to its root, which has a layer of its own
+    /// here (`w*`, see `enter::image_mount`).
+    pub workdir: Option<String>,
 }
 
 impl Layer {
-    /// Makes a fresh layer in `sandbox_dir`: `upper` owned by the sandbox's root (`root_owner`
-    /// on the host) as the image's own root directory is, the rest the host's.
-    pub fn make(sandbox_dir: &Path, root_owner: u32) -> io::Result<Layer> {
+    /// Makes a fresh layer in `sandbox_dir`: `upper` owned by the sandbox's root as the
+    /// image's root directory is, `wupper` (for the image's working directory `workdir`) by
+    /// the sandbox user, as `owners` give them on the host; the rest the host's.
+    pub fn make(
+        sandbox_dir: &Path,
+        owners: (u32, u32),
+        workdir: Option<&str>,
+    ) -> io::Result<Layer> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let layers = sandbox_dir.join(LAYERS_DIR);
         fs::create_dir_all(&layers)?;
@@ -65,13 +75,58 @@ impl Layer {
             (u64::from(std::process::id()) << 32) | u64::from(NEXT.fetch_add(1, Ordering::Relaxed));
         let dir = layers.join(number.to_string());
         fs::create_dir(&dir)?;
-        for part in ["lower", "upper", "work", "merged"] {
-            fs::create_dir(dir.join(part))?;
+        let workdir = workdir.map(relative).filter(|w| !w.is_empty());
+        let mut parts = vec![
+            ("lower", None),
+            ("upper", Some((0o755, owners.0))),
+            ("work", None),
+        ];
+        parts.push(("merged", None));
+        if workdir.is_some() {
+            // Group-writable, as what tasks make is (the verifier is of the group).
+            parts.extend([("wlower", None), ("wupper", Some((0o775, owners.1)))]);
+            parts.extend([("wwork", None), ("wmerged", None)]);
         }
-        let upper = dir.join("upper");
-        fs::set_permissions(&upper, fs::Permissions::from_mode(0o755))?;
-        sys::chown(&upper, root_owner)?;
-        Ok(Layer { number, dir })
+        for (part, owned) in parts {
+            let path = dir.join(part);
+            fs::create_dir(&path)?;
+            if let Some((mode, owner)) = owned {
+                fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+                sys::chown(&path, owner)?;
+            }
+        }
+        Ok(Layer {
+            number,
+            dir,
+            workdir,
+        })
+    }
+
+    /// The layer of the sandbox's current task namespace (`layers/task` names it): the one a
+    /// task holder started again for the same task (after its runner is stopped, or a
+    /// pause) is made over, so the task's changes live on until a reset.
+    pub fn current(sandbox_dir: &Path, workdir: Option<&str>) -> Option<Layer> {
+        let text = fs::read_to_string(sandbox_dir.join(LAYERS_DIR).join(CURRENT)).ok()?;
+        let number: u64 = text.trim().parse().ok()?;
+        let dir = Layer::dir_of(sandbox_dir, number);
+        dir.is_dir().then(|| Layer {
+            number,
+            dir,
+            workdir: workdir.map(relative).filter(|w| !w.is_empty()),
+        })
+    }
+
+    /// Makes this layer the current task namespace's (see [`Layer::current`]).
+    pub fn make_current(sandbox_dir: &Path, number: u64) -> io::Result<()> {
+        let layers = sandbox_dir.join(LAYERS_DIR);
+        let staged = layers.join(format!(".{CURRENT}.new"));
+        fs::write(&staged, number.to_string())?;
+        fs::rename(staged, layers.join(CURRENT))
+    }
+
+    /// Forgets the current task namespace's layer: the next task starts on a fresh one.
+    pub fn forget_current(sandbox_dir: &Path) {
+        let _ = fs::remove_file(sandbox_dir.join(LAYERS_DIR).join(CURRENT));
     }
 
     pub fn merged(&self) -> PathBuf {
@@ -81,6 +136,15 @@ impl Layer {
     /// The layer directory `number` names in `sandbox_dir`.
     pub fn dir_of(sandbox_dir: &Path, number: u64) -> PathBuf {
         sandbox_dir.join(LAYERS_DIR).join(number.to_string())
+    }
+}
+
+/// An absolute directory of the image as a path relative to its root, spelled so that it
+/// can never read as the helper's "none" (`-`).
+fn relative(dir: &str) -> String {
+    match dir.trim_matches('/') {
+        "-" => "./-".into(),
+        rel => rel.to_string(),
     }
 }
 
@@ -121,8 +185,10 @@ mod tests {
     fn a_layer_has_its_four_parts_and_a_number_of_its_own() {
         let tmp = tempfile::tempdir().unwrap();
         let owner = nix_uid();
-        let a = Layer::make(tmp.path(), owner).unwrap();
-        let b = Layer::make(tmp.path(), owner).unwrap();
+        let a = Layer::make(tmp.path(), (owner, owner), None).unwrap();
+        let b = Layer::make(tmp.path(), (owner, owner), Some("/app/")).unwrap();
+        assert_eq!(b.workdir.as_deref(), Some("app"));
+        assert!(b.dir.join("wupper").is_dir() && !a.dir.join("wupper").exists());
         assert_ne!(a.number, b.number);
         for part in ["lower", "upper", "work", "merged"] {
             assert!(a.dir.join(part).is_dir(), "{part}");
@@ -138,8 +204,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let owner = nix_uid();
         let (kept, old) = (
-            Layer::make(tmp.path(), owner).unwrap(),
-            Layer::make(tmp.path(), owner).unwrap(),
+            Layer::make(tmp.path(), (owner, owner), None).unwrap(),
+            Layer::make(tmp.path(), (owner, owner), None).unwrap(),
         );
         let long_ago = SystemTime::now() - 2 * STARTING_GRACE;
         for l in [&kept, &old] {

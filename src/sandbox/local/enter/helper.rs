@@ -115,13 +115,19 @@ fn serve(args: &[OsString]) -> Result<Never, Failure> {
             exec(argv)
         }
         b"join" => {
-            let [holder, user, rootfs, layer, base, argv @ ..] = rest else {
+            let [holder, user, rootfs, layer, base, workdir, image_user, argv @ ..] = rest else {
                 return Err(bad());
             };
             let opened = open_holder(holder, user == "u", false)?;
             if rootfs != "-" {
-                let base = base.to_str().and_then(|b| b.parse().ok()).ok_or_else(bad)?;
-                super::image_mount::mount(rootfs, layer, base)?;
+                let number = |n: &OsString| n.to_str().and_then(|n| n.parse().ok());
+                super::image_mount::mount(&super::image_mount::Spec {
+                    rootfs,
+                    layer,
+                    base: number(base).ok_or_else(bad)?,
+                    workdir: (workdir != "-").then_some(workdir.as_os_str()),
+                    user: number(image_user).ok_or_else(bad)?,
+                })?;
             }
             only_stdio().map_err(cannot_enter)?;
             hand_on(&opened.pid, JOINED_PID_FD)?;

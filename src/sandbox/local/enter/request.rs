@@ -47,6 +47,10 @@ pub(in crate::sandbox::local) struct ImageMount<'a> {
     pub rootfs: &'a std::path::Path,
     pub layer: &'a std::path::Path,
     pub base: u32,
+    /// The image's working directory, relative to its root (never `-`: see `image_root`),
+    /// and the image id the sandbox user stands for there.
+    pub workdir: Option<&'a str>,
+    pub user: u32,
 }
 
 /// What the holder's watcher shell runs before `argv`, as root, for a sandbox with an id
@@ -104,8 +108,10 @@ impl Request<'_> {
                         i.rootfs.as_os_str().to_owned(),
                         i.layer.as_os_str().to_owned(),
                         i.base.to_string().into(),
+                        i.workdir.unwrap_or("-").into(),
+                        i.user.to_string().into(),
                     ]),
-                    None => args.extend(["-".into(), "-".into(), "-".into()]),
+                    None => args.extend(["-", "-", "-", "-", "-"].map(OsString::from)),
                 }
                 args.extend(argv.iter().cloned());
             }

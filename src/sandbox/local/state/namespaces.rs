@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::SandboxState;
 use crate::sandbox::local::holder_start;
 use crate::sandbox::local::image_root::{self, Layer};
-use crate::sandbox::local::isolation::Bwrap;
+use crate::sandbox::local::isolation::{Bwrap, SANDBOX_UID};
 use crate::sandbox::local::netns;
 use crate::sandbox::local::ns::{self, Holder, Space};
 use crate::sandbox::Result;
@@ -67,17 +67,28 @@ impl SandboxState {
             Space::Task | Space::Spare => Some(self.holder(Space::Sandbox)?),
         };
         // A task namespace on an image gets a layer of its own (see `image_root`).
+        // The task namespace's is the current one when a task holder starts again for the
+        // same task; a spare's is always fresh.
         let layer = match (&self.image, space) {
-            (Some(_), Space::Task | Space::Spare) => {
-                let root = bwrap.host_owner(self.ids, 0).unwrap_or(0);
-                Some(
-                    Layer::make(&self.dir, root)
+            (Some(image), Space::Task | Space::Spare) => {
+                let workdir = image.workdir.as_deref();
+                let current = match space {
+                    Space::Task => Layer::current(&self.dir, workdir),
+                    _ => None,
+                };
+                let owner = |inside| bwrap.host_owner(self.ids, inside).unwrap_or(inside);
+                let owners = (owner(0), owner(SANDBOX_UID));
+                let layer = match current {
+                    Some(layer) => (layer, false),
+                    None => Layer::make(&self.dir, owners, workdir)
+                        .map(|l| (l, true))
                         .map_err(|e| self.io_error("making the task's layer of the image", e))?,
-                )
+                };
+                Some(layer)
             }
             _ => None,
         };
-        let image = self.image.as_ref().zip(layer.as_ref());
+        let image = self.image.as_ref().zip(layer.as_ref().map(|(l, _)| l));
         let h = holder_start::start(
             bwrap,
             &self.binds(),
@@ -86,14 +97,18 @@ impl SandboxState {
             parent.as_ref(),
             self.own_network,
             self.ids,
-            image.map(|(i, l)| (i.rootfs.as_path(), l)),
+            image,
         )
         .map_err(|e| {
-            if let Some(l) = &layer {
+            if let Some((l, true)) = &layer {
                 let _ = crate::deep_remove::remove_tree(&l.dir);
             }
             self.io_error("starting the sandbox's namespace", e)
         })?;
+        if let (Some((l, _)), Space::Task) = (&layer, space) {
+            Layer::make_current(&self.dir, l.number)
+                .map_err(|e| self.io_error("recording the task's layer of the image", e))?;
+        }
         if self.own_network && space == Space::Sandbox {
             netns::attach(bwrap, &self.dir, &h)
                 .map_err(|e| self.io_error("giving the sandbox its network", e))?;
@@ -127,6 +142,8 @@ impl SandboxState {
     /// Makes a fresh task namespace the sandbox's: the spare when one is ready, else a new
     /// one now.
     pub fn replace_task_namespace(self: &Arc<Self>, bwrap: &'static Bwrap) -> Result<Holder> {
+        // The task namespace replaced was the task's: the next is made over a fresh layer.
+        Layer::forget_current(&self.dir);
         let job = lock(&self.spare).take();
         let spare = job
             .and_then(|j| j.join().ok())
@@ -136,6 +153,10 @@ impl SandboxState {
             Some(h) => {
                 ns::promote_spare(&self.dir)
                     .map_err(|e| self.io_error("recording the task namespace", e))?;
+                if h.layer != 0 {
+                    Layer::make_current(&self.dir, h.layer)
+                        .map_err(|e| self.io_error("recording the task's layer", e))?;
+                }
                 let mut cache = lock(&self.holders);
                 cache[Space::Task as usize] = Some(h);
                 cache[Space::Spare as usize] = None;
