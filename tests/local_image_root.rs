@@ -8,7 +8,6 @@
 //! owns them); pulling and unpacking real images is tested in `image_*`.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 
 use wmo_e2b::sandbox::{Backend, CreateSpec, ImageRoot, Role, RunOpts, Sandbox};
 
@@ -26,40 +25,6 @@ fn is_root() -> bool {
     root
 }
 
-const MARKER: &str = "made by the image\n";
-
-/// An unpacked image: busybox as `/bin/sh` and its applets, `/etc/marker` (root's), and a
-/// working directory `/work` owned by the image's uid 1000.
-fn image(dir: &Path) -> ImageRoot {
-    let root = dir.join("rootfs");
-    for d in ["bin", "etc", "work", "tmp"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    for applet in [
-        "sh", "cat", "echo", "id", "ls", "mkdir", "pwd", "rm", "test", "touch", "stat", "env",
-    ] {
-        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
-    }
-    std::fs::write(root.join("etc/marker"), MARKER).unwrap();
-    std::os::unix::fs::chown(root.join("work"), Some(1000), Some(1000)).unwrap();
-    std::os::unix::fs::chown(root.join("tmp"), Some(0), Some(0)).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
-    ImageRoot {
-        id: "sha256:test".into(),
-        rootfs: root,
-        env: vec![
-            ("PATH".into(), "/bin".into()),
-            ("FROM_IMAGE".into(), "yes".into()),
-            ("HOME".into(), "/root".into()),
-        ],
-        workdir: Some("/work".into()),
-        user: 0,
-        shell: "/bin/sh".into(),
-    }
-}
-
 /// A backend on a fresh state directory and an image made for the test (as root only).
 struct Scene {
     state: tempfile::TempDir,
@@ -75,7 +40,7 @@ impl Scene {
         }
         let (state, b) = backend();
         let images = tempfile::tempdir().unwrap();
-        let img = image(images.path());
+        let img = busybox_image(images.path(), "sha256:test");
         Some(Scene {
             state,
             b,

@@ -1,13 +1,16 @@
 //! Helpers for tests of the local backend itself: a backend on a fresh state directory,
 //! sandboxes of it, and what the host's /proc says about their processes.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use tempfile::TempDir;
 use wmo_e2b::sandbox::local::LocalBackend;
-use wmo_e2b::sandbox::{Backend, CreateSpec, ProcessEvent, RunOpts, Sandbox, SandboxError};
+use wmo_e2b::sandbox::{
+    Backend, CreateSpec, ImageRoot, ProcessEvent, RunOpts, Sandbox, SandboxError,
+};
 
 use super::pid_alive;
 
@@ -104,4 +107,38 @@ pub fn sb_dir_exists(b: &LocalBackend, id: &str) -> bool {
 
 pub fn sh_err(sb: &dyn Sandbox) -> SandboxError {
     sb.run("true", &RunOpts::default()).unwrap_err()
+}
+
+pub const MARKER: &str = "made by the image\n";
+
+/// An unpacked image, named `id`: busybox as `/bin/sh` and its applets, `/etc/marker` (root's), and a
+/// working directory `/work` owned by the image's uid 1000.
+pub fn busybox_image(dir: &Path, id: &str) -> ImageRoot {
+    let root = dir.join("rootfs");
+    for d in ["bin", "etc", "work", "tmp"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    for applet in [
+        "sh", "cat", "echo", "id", "ls", "mkdir", "pwd", "rm", "test", "touch", "stat", "env",
+    ] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+    }
+    std::fs::write(root.join("etc/marker"), MARKER).unwrap();
+    std::os::unix::fs::chown(root.join("work"), Some(1000), Some(1000)).unwrap();
+    std::os::unix::fs::chown(root.join("tmp"), Some(0), Some(0)).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    ImageRoot {
+        id: id.into(),
+        rootfs: root,
+        env: vec![
+            ("PATH".into(), "/bin".into()),
+            ("FROM_IMAGE".into(), "yes".into()),
+            ("HOME".into(), "/root".into()),
+        ],
+        workdir: Some("/work".into()),
+        user: 0,
+        shell: "/bin/sh".into(),
+    }
 }
