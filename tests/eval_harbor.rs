@@ -46,6 +46,61 @@ fn a_dataset_passes_under_oracle_and_fails_under_nop() {
     assert!(env.live_sandboxes().is_empty());
 }
 
+/// `report` says a dataset is healthy when its oracle run passes every task and its nop run
+/// none, and names the tasks that break that.
+#[test]
+fn report_judges_a_dataset_by_its_oracle_and_nop_runs() {
+    let health = |tasks: &Path| -> serde_json::Value {
+        let (oracle, nop) = (Env::new(), Env::new());
+        oracle.eval(tasks, &["--harness", "oracle"]);
+        nop.eval(tasks, &["--harness", "nop"]);
+        let (o, n) = (oracle.out(), nop.out());
+        let args = [
+            n.to_str().unwrap(),
+            "--compare",
+            o.to_str().unwrap(),
+            "--json",
+        ];
+        let out = nop.run(&["report", args[0], args[1], args[2], args[3]]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let text_out = nop.run(&["report", args[0], args[1], args[2]]);
+        let said = String::from_utf8_lossy(&text_out.stdout).into_owned();
+        let mut report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        report["dataset"]["text"] = json!(said);
+        report["dataset"].clone()
+    };
+    let healthy = health(&dataset());
+    assert_eq!(healthy["healthy"], true, "{healthy}");
+    assert_eq!(healthy["tasks"], 3);
+    assert_eq!(healthy["oracle_passed"], 3);
+    assert!(healthy["text"]
+        .as_str()
+        .unwrap()
+        .contains("dataset: healthy"));
+
+    let env = Env::new();
+    let solved = |id: &str, verify: &str| {
+        json!({
+            "id": id, "instruction": "x", "verify": verify,
+            "solution": {"files": {}, "command": "touch out.txt"},
+        })
+        .to_string()
+    };
+    let tasks = env.write_tasks(&[
+        solved("sound", "test -f out.txt"),
+        // Passes whatever the agent does.
+        solved("always", "true"),
+        // Its solution does not solve it.
+        solved("unsolved", "test -f other.txt"),
+    ]);
+    let broken = health(&tasks);
+    assert_eq!(broken["healthy"], false, "{broken}");
+    assert_eq!(broken["tasks"], 3);
+    assert_eq!(broken["nop_passing"], json!(["always"]));
+    assert_eq!(broken["oracle_failing"], json!(["unsolved"]));
+    assert!(broken["text"].as_str().unwrap().contains("NOT healthy"));
+}
+
 /// A task whose verify writes `reward`, as `file` under `/logs/verifier`.
 fn rewarded(id: &str, file: &str, reward: &str) -> String {
     json!({

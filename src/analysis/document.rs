@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::compare::{compare, Comparison};
+use super::health::{health, DatasetHealth};
 use super::merge::{open_run, Run};
 use super::stats::{failures, summarize, Failure, Summary};
 use super::{AnalysisError, Note};
@@ -25,6 +26,10 @@ pub struct Report {
     /// What reading the baseline found.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub baseline_notes: Vec<Note>,
+    /// With a baseline, when one run is `--harness oracle`'s and the other `nop`'s: whether
+    /// the dataset is sound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<DatasetHealth>,
 }
 
 /// The inputs of a report.
@@ -39,13 +44,14 @@ pub struct ReportInput<'a> {
 pub fn build(input: &ReportInput<'_>) -> Result<(Report, Run), AnalysisError> {
     let run = open_run(input.dirs, input.tasks)?;
     let summary = summarize(&run);
-    let (compare, baseline_notes) = if input.baseline.is_empty() {
-        (None, Vec::new())
+    let (compare, baseline_notes, dataset) = if input.baseline.is_empty() {
+        (None, Vec::new(), None)
     } else {
         let base_run = open_run(input.baseline, input.tasks)?;
         let base = summarize(&base_run);
         let c = compare(&run, &summary, &base_run, &base, names(input.baseline));
-        (Some(c), base_run.notes)
+        let dataset = health(&run, &base_run);
+        (Some(c), base_run.notes, dataset)
     };
     let report = Report {
         runs: names(input.dirs),
@@ -55,6 +61,7 @@ pub fn build(input: &ReportInput<'_>) -> Result<(Report, Run), AnalysisError> {
         notes: run.notes.clone(),
         compare,
         baseline_notes,
+        dataset,
     };
     Ok((report, run))
 }

@@ -14,6 +14,7 @@ pub mod compare;
 pub mod conversation;
 pub mod document;
 pub mod escape;
+pub mod health;
 pub mod html;
 pub mod lines;
 pub mod load;

@@ -7,6 +7,7 @@ use std::fmt::Write;
 use crate::terminal::escape;
 
 use super::compare::{Comparison, Delta, Flip};
+use super::health::DatasetHealth;
 use super::pass_at_k::PassAtK;
 use super::stats::{Percentiles, Summary};
 use super::Report;
@@ -58,6 +59,9 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
     }
     if let Some(c) = &r.compare {
         write_compare(o, c)?;
+    }
+    if let Some(h) = &r.dataset {
+        write_health(o, h)?;
     }
     write_notes(o, "notes", &r.notes)?;
     write_notes(o, "baseline notes", &r.baseline_notes)
@@ -204,6 +208,18 @@ fn flips(o: &mut String, title: &str, list: &[Flip]) -> std::fmt::Result {
         )?;
     }
     Ok(())
+}
+
+fn write_health(o: &mut String, h: &DatasetHealth) -> std::fmt::Result {
+    let verdict = if h.healthy { "healthy" } else { "NOT healthy" };
+    writeln!(
+        o,
+        "\ndataset: {verdict}: oracle passed {}/{} tasks, nop passed {}",
+        h.oracle_passed, h.tasks, h.nop_passed
+    )?;
+    ids(o, "oracle did not pass", &h.oracle_failing)?;
+    ids(o, "nop passed", &h.nop_passing)?;
+    ids(o, "in one run only", &h.unpaired)
 }
 
 fn ids(o: &mut String, title: &str, list: &[String]) -> std::fmt::Result {
