@@ -4,7 +4,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use wmo_e2b::image::{pull, Reference, RegistryConfig, Store};
+use wmo_e2b::image::{pull, unpacked_root, Reference, RegistryConfig, Store};
 use wmo_e2b::terminal::escape;
 
 use super::Exit;
@@ -12,7 +12,7 @@ use super::Exit;
 #[derive(Debug, Subcommand)]
 pub enum ImageCommand {
     /// Pull an image (`[host[:port]/]path[:tag][@sha256:...]`) into the store under
-    /// $WMO_E2B_HOME/images, shared by every run on this machine.
+    /// $WMO_E2B_HOME/images, shared by every run on this machine, and unpack it there.
     Pull {
         #[arg(value_name = "REFERENCE")]
         reference: String,
@@ -36,6 +36,9 @@ pub fn run(cmd: ImageCommand) -> Result<Exit> {
             let config = RegistryConfig::load_default()?;
             let image = pull(&reference, &store, &config)
                 .with_context(|| format!("cannot pull {reference}"))?;
+            // Unpacked too, so that a run on this machine starts on it at once.
+            let rootfs = unpacked_root(&image, &store)
+                .with_context(|| format!("cannot unpack {reference}"))?;
             let bytes: u64 = image.layers.iter().map(|l| l.size).sum();
             if json {
                 println!(
@@ -47,6 +50,7 @@ pub fn run(cmd: ImageCommand) -> Result<Exit> {
                         "config_digest": image.config_digest.as_str(),
                         "layers": image.layers.len(),
                         "layer_bytes": bytes,
+                        "rootfs": rootfs,
                     })
                 );
             } else {
@@ -56,6 +60,7 @@ pub fn run(cmd: ImageCommand) -> Result<Exit> {
                     println!("  manifest  {} (this platform's)", image.manifest_digest);
                 }
                 println!("  layers    {} ({bytes} bytes)", image.layers.len());
+                println!("  unpacked  {}", escape(&rootfs.display().to_string()));
             }
         }
         ImageCommand::List { json } => {

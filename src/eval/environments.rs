@@ -10,9 +10,6 @@ use crate::image::{self, ImageError, Reference, RegistryConfig, Store};
 use crate::sandbox::ImageRoot;
 use crate::task::{EnvironmentSpec, Task};
 
-/// Where unpacked images live in the store.
-const ROOTFS_DIR: &str = "rootfs";
-
 /// Why an environment could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum EnvironmentError {
@@ -104,24 +101,8 @@ fn make_one(
     };
     let parsed = Reference::parse(reference).map_err(|e| image_error(e.into()))?;
     let pulled = image::pull(&parsed, store, config).map_err(image_error)?;
-    let layers: Vec<image::unpack::LayerBlob> = pulled
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(i, l)| image::unpack::LayerBlob {
-            path: l.path.clone(),
-            media_type: l.media_type.clone(),
-            digest: l.digest.as_str().to_string(),
-            diff_id: pulled
-                .config
-                .diff_ids
-                .get(i)
-                .map(|d| d.as_str().to_string()),
-        })
-        .collect();
-    let key = pulled.manifest_digest.as_str();
-    let rootfs = image::unpack::unpack_image(&layers, &store.root().join(ROOTFS_DIR), key)
-        .map_err(|source| EnvironmentError::Unpack {
+    let rootfs =
+        image::unpacked_root(&pulled, store).map_err(|source| EnvironmentError::Unpack {
             reference: reference.to_string(),
             source,
         })?;

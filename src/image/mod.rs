@@ -13,6 +13,7 @@ pub mod settings;
 pub mod store;
 pub mod tar_reader;
 pub mod unpack;
+pub mod unpacked;
 mod zstd;
 
 pub use error::ImageError;
@@ -20,3 +21,4 @@ pub use pull::{pull, pull_with, Layer, PulledImage};
 pub use reference::{Digest, Reference};
 pub use settings::RegistryConfig;
 pub use store::Store;
+pub use unpacked::unpacked_root;
