@@ -1,10 +1,12 @@
-//! `wmo-e2b image pull|list`: prefetch images into the store and show what it holds.
+//! `wmo-e2b image pull|list|prune`: prefetch images into the store, show what it holds, and
+//! reclaim the space of what no sandbox uses.
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use wmo_e2b::image::{pull, unpacked_root, Reference, RegistryConfig, Store};
+use wmo_e2b::sandbox::local::images_in_use;
 use wmo_e2b::terminal::escape;
 
 use super::Exit;
@@ -23,6 +25,13 @@ pub enum ImageCommand {
     /// The images pulled into the store: reference, content digest, when.
     List {
         /// One JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove from the store every image no local sandbox runs on, and what interrupted
+    /// pulls left; waits for running pulls and evals on images to finish first.
+    Prune {
+        /// Print one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -61,6 +70,31 @@ pub fn run(cmd: ImageCommand) -> Result<Exit> {
                 }
                 println!("  layers    {} ({bytes} bytes)", image.layers.len());
                 println!("  unpacked  {}", escape(&rootfs.display().to_string()));
+            }
+        }
+        ImageCommand::Prune { json } => {
+            let keep = images_in_use(&wmo_e2b::state::state_dir());
+            let pruned = store.prune(&keep).context("cannot prune the image store")?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "records": pruned.records,
+                        "blobs": pruned.blobs,
+                        "roots": pruned.roots,
+                        "bytes": pruned.bytes,
+                        "kept_in_use": keep.len(),
+                    })
+                );
+            } else {
+                println!(
+                    "removed {} image(s), {} blob(s) ({} bytes), {} unpacked root(s); kept {} in use",
+                    pruned.records,
+                    pruned.blobs,
+                    pruned.bytes,
+                    pruned.roots,
+                    keep.len()
+                );
             }
         }
         ImageCommand::List { json } => {

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::image::store::StoreLock;
 use crate::image::{self, ImageError, Reference, RegistryConfig, Store};
 use crate::sandbox::ImageRoot;
 use crate::task::{EnvironmentSpec, Task};
@@ -33,6 +34,9 @@ pub enum EnvironmentError {
 #[derive(Debug, Default)]
 pub struct Environments {
     roots: BTreeMap<String, Made>,
+    /// The store's shared lock, held while the run may still start sandboxes on its roots:
+    /// no prune removes them under it.
+    _store: Option<StoreLock>,
     /// The environment of tasks that name none (`--image`).
     default: Option<String>,
 }
@@ -53,6 +57,10 @@ impl Environments {
         store: &Store,
         config: &RegistryConfig,
     ) -> Result<Environments, EnvironmentError> {
+        let store_lock = match references.is_empty() {
+            true => None,
+            false => Some(store.pull_lock().map_err(EnvironmentError::Store)?),
+        };
         let mut roots = BTreeMap::new();
         for reference in references {
             if roots.contains_key(reference) {
@@ -62,6 +70,7 @@ impl Environments {
         }
         Ok(Environments {
             roots,
+            _store: store_lock,
             default: default.map(str::to_string),
         })
     }

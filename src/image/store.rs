@@ -79,6 +79,8 @@ pub struct Record {
 pub struct Pruned {
     pub records: usize,
     pub blobs: usize,
+    /// Unpacked roots removed.
+    pub roots: usize,
     pub bytes: u64,
 }
 
@@ -292,7 +294,7 @@ impl Store {
             &self.root.join("store.lock"),
             libc::LOCK_EX,
             STORE_LOCK_WAIT,
-            "running pulls",
+            "running pulls and evals on images",
         )?;
         let mut pruned = Pruned::default();
         let mut kept_blobs: HashSet<String> = keep.clone();
@@ -318,6 +320,20 @@ impl Store {
                 pruned.bytes += entry.metadata().map_or(0, |m| m.len());
                 remove_file(&entry.path())?;
                 pruned.blobs += 1;
+            }
+        }
+        // Unpacked roots are named by their manifest digest (see `unpacked`); a temporary
+        // one (dot-named) is a dead unpack's, since unpacks run under the shared lock.
+        let roots = self.root.join(super::unpacked::ROOTFS_DIR);
+        if let Ok(entries) = fs::read_dir(&roots) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let kept = name.to_str().is_some_and(|n| keep.contains(n));
+                let is_lock = name.to_str().is_some_and(|n| n.ends_with(".lock"));
+                if !kept && !is_lock {
+                    crate::deep_remove::remove_tree(&entry.path()).map_err(io_at(&entry.path()))?;
+                    pruned.roots += 1;
+                }
             }
         }
         // No pull runs while the exclusive lock is held: what is in tmp/ was left by one that

@@ -105,6 +105,8 @@ pub enum Bound {
 pub enum UnpackError {
     #[error("the unpacked image key {key:?} is not a content digest (ALGORITHM:HEX)")]
     BadKey { key: String },
+    #[error("cannot use the image store: {0}")]
+    Locked(#[source] super::store::StoreError),
     #[error("layer {digest}: unknown media type {media_type:?}")]
     UnknownMediaType { digest: String, media_type: String },
     #[error("layer {digest}: entry {entry:?} refused: {why:?}")]

@@ -10,8 +10,10 @@ use super::unpack::{unpack_image, LayerBlob, UnpackError};
 /// Where unpacked images live in the store.
 pub const ROOTFS_DIR: &str = "rootfs";
 
-/// `image`'s root filesystem, unpacked into the store unless it already is.
+/// `image`'s root filesystem, unpacked into the store unless it already is (under the
+/// store's shared lock, as a pull: no prune removes a root being made).
 pub fn unpacked_root(image: &PulledImage, store: &Store) -> Result<PathBuf, UnpackError> {
+    let _shared = store.pull_lock().map_err(UnpackError::Locked)?;
     let layers: Vec<LayerBlob> = image
         .layers
         .iter()

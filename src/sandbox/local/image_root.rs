@@ -11,6 +11,7 @@
 //! The runner (`Role::System`) keeps the host's system directories: it needs Node.js, which
 //! an image need not have.
 
+use std::collections::HashSet;
 use std::fs;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -20,7 +21,7 @@ use std::time::{Duration, SystemTime};
 
 use super::holder_start;
 use super::isolation::{self, Isolation};
-use super::sys;
+use super::{meta, sys};
 use crate::sandbox::{Result, SandboxError};
 
 /// Where a sandbox's task layers live in its directory.
@@ -137,6 +138,20 @@ impl Layer {
     pub fn dir_of(sandbox_dir: &Path, number: u64) -> PathBuf {
         sandbox_dir.join(LAYERS_DIR).join(number.to_string())
     }
+}
+
+/// The ids of the images every local sandbox under `state_dir` runs on, in whatever state it
+/// is (being made, running, expired but not yet swept, paused): what an image prune keeps.
+/// A sandbox whose meta cannot be read counts as using nothing; its holders, if any, keep
+/// their mounts whatever is removed beneath them (they read no new file of a removed tree).
+pub fn images_in_use(state_dir: &Path) -> HashSet<String> {
+    let Ok(entries) = fs::read_dir(state_dir.join("sandboxes")) else {
+        return HashSet::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| meta::read_meta(&e.path()).ok()?.image.map(|i| i.id))
+        .collect()
 }
 
 /// An absolute directory of the image as a path relative to its root, spelled so that it

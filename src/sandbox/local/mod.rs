@@ -93,6 +93,7 @@ mod watch;
 
 pub use backend::{LocalBackend, LocalOptions};
 pub use confined::Beneath;
+pub use image_root::images_in_use;
 pub use isolation::{Isolation, IsolationChoice};
 pub use netns::unavailable_with as network_unavailable;
 pub use pause::{Resume, Resumed};
