@@ -10,16 +10,6 @@ mod support;
 use serde_json::json;
 use support::{text, Env};
 
-/// Image roots take an id range of the sandbox's own, which only root gets.
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() == 0 };
-    if !root {
-        eprintln!("not root: sandboxes have no id range of their own, and so no image root");
-    }
-    root
-}
-
 /// An image tree: busybox as `/bin/sh` and a few applets, `/etc/flavor` saying `flavor`,
 /// and the working directory `/app`.
 fn tree(dir: &std::path::Path, flavor: &str) -> std::path::PathBuf {
@@ -52,7 +42,7 @@ fn task(id: &str, image: Option<&str>, verify: &str) -> String {
 
 #[test]
 fn each_task_runs_on_its_own_image_and_its_record_names_the_digest() {
-    if !is_root() {
+    if !support::local::image_roots_available() {
         return;
     }
     let registry = registry::Registry::start();
@@ -117,7 +107,7 @@ fn each_task_runs_on_its_own_image_and_its_record_names_the_digest() {
 
 #[test]
 fn an_agent_cannot_change_what_its_image_gives_the_verifier() {
-    if !is_root() {
+    if !support::local::image_roots_available() {
         return;
     }
     let registry = registry::Registry::start();

@@ -13,15 +13,6 @@ use support::{text, Env};
 use wmo_e2b::sandbox::local::LocalBackend;
 use wmo_e2b::sandbox::{Backend, CreateSpec, ImageRoot, RunOpts};
 
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() == 0 };
-    if !root {
-        eprintln!("not root: sandboxes have no id range of their own, and so no image root");
-    }
-    root
-}
-
 fn json_of(o: &std::process::Output) -> Value {
     assert_eq!(o.status.code(), Some(0), "{}", text(o));
     serde_json::from_slice(&o.stdout).unwrap()
@@ -29,7 +20,7 @@ fn json_of(o: &std::process::Output) -> Value {
 
 #[test]
 fn a_prune_keeps_what_a_live_sandbox_runs_on_and_waits_for_runs() {
-    if !is_root() {
+    if !support::local::image_roots_available() {
         return;
     }
     let registry = registry::Registry::start();

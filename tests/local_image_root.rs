@@ -15,16 +15,6 @@ mod support;
 
 use support::local::*;
 
-/// Image roots take an id range of the sandbox's own, which only root gets.
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() == 0 };
-    if !root {
-        eprintln!("not root: sandboxes have no id range of their own, and so no image root");
-    }
-    root
-}
-
 /// A backend on a fresh state directory and an image made for the test (as root only).
 struct Scene {
     state: tempfile::TempDir,
@@ -35,7 +25,7 @@ struct Scene {
 
 impl Scene {
     fn new() -> Option<Scene> {
-        if !is_root() {
+        if !support::local::image_roots_available() {
             return None;
         }
         let (state, b) = backend();
@@ -189,7 +179,7 @@ fn what_a_task_writes_over_the_image_is_gone_after_a_reset() {
 
 #[test]
 fn a_sandbox_without_an_image_keeps_the_hosts_system() {
-    if !is_root() {
+    if !support::local::image_roots_available() {
         return;
     }
     let (state, b) = backend();

@@ -13,18 +13,9 @@ mod support;
 
 use support::local::*;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() == 0 };
-    if !root {
-        eprintln!("not root: sandboxes have no id range of their own, and so no image root");
-    }
-    root
-}
-
 #[test]
 fn a_warm_sandbox_serves_only_its_own_environment() {
-    if !is_root() {
+    if !support::local::image_roots_available() {
         return;
     }
     let (_state, backend) = support::local::backend();
