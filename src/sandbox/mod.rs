@@ -5,6 +5,8 @@
 //! sandboxes and E2B microVMs. Paths handed to a sandbox are absolute paths built from
 //! [`Sandbox::home`].
 
+mod captured;
+pub use captured::Captured;
 pub mod e2b;
 pub mod inventory;
 pub mod leased;
@@ -163,68 +165,6 @@ impl Default for RunOpts {
             timeout: Duration::from_secs(60),
             max_output: 1 << 20,
         }
-    }
-}
-
-/// A stream captured with a bound: the first and last `max/2` bytes, and how much was dropped.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Captured {
-    pub head: Vec<u8>,
-    pub tail: Vec<u8>,
-    pub dropped: u64,
-}
-
-impl Captured {
-    /// Keeps at most `max` bytes of everything pushed through it.
-    pub fn push(&mut self, data: &[u8], max: usize) {
-        let half = max / 2;
-        let mut data = data;
-        if self.head.len() < half {
-            let take = (half - self.head.len()).min(data.len());
-            self.head.extend_from_slice(&data[..take]);
-            data = &data[take..];
-        }
-        if data.is_empty() {
-            return;
-        }
-        self.tail.extend_from_slice(data);
-        let keep = max - half;
-        if self.tail.len() > keep {
-            let excess = self.tail.len() - keep;
-            self.tail.drain(..excess);
-            self.dropped += excess as u64;
-        }
-    }
-
-    /// The captured text with a marker where bytes were dropped.
-    pub fn to_text(&self) -> String {
-        let mut out = String::from_utf8_lossy(&self.head).into_owned();
-        if self.dropped > 0 {
-            out.push_str(&format!("\n... [{} bytes truncated] ...\n", self.dropped));
-        }
-        out.push_str(&String::from_utf8_lossy(&self.tail));
-        out
-    }
-
-    /// Several captured streams as one, in order, bounded by `max` as head + tail; each
-    /// part's own truncation stays marked.
-    pub fn merged(parts: &[&Captured], max: usize) -> Captured {
-        let mut out = Captured::default();
-        for part in parts {
-            out.push(&part.head, max);
-            if part.dropped > 0 {
-                out.push(
-                    format!("\n... [{} bytes truncated] ...\n", part.dropped).as_bytes(),
-                    max,
-                );
-            }
-            out.push(&part.tail, max);
-        }
-        out
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.head.is_empty() && self.tail.is_empty()
     }
 }
 
@@ -569,24 +509,6 @@ mod tests {
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote(""), "''");
-    }
-
-    #[test]
-    fn captured_keeps_head_and_tail() {
-        let mut c = Captured::default();
-        c.push(b"0123456789", 6);
-        c.push(b"abcdef", 6);
-        assert_eq!(c.head, b"012");
-        assert_eq!(c.tail, b"def");
-        assert_eq!(c.dropped, 10);
-        assert!(c.to_text().contains("[10 bytes truncated]"));
-    }
-
-    #[test]
-    fn captured_small_output_is_whole() {
-        let mut c = Captured::default();
-        c.push(b"hi\n", 100);
-        assert_eq!(c.to_text(), "hi\n");
     }
 
     #[test]
