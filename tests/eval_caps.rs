@@ -161,6 +161,14 @@ fn a_hard_cap_cancels_running_tasks() {
         "{results:?}"
     );
     assert_eq!(summary(&env)["stopped_by"], "sandbox_seconds");
+    // Every record that did not pass says why, in the record.
+    for r in results.iter().filter(|r| r["status"] == "cancelled") {
+        let error = r["error"].as_str().unwrap_or_default();
+        assert!(error.contains("--max-sandbox-seconds"), "{r}");
+    }
+    for r in results.iter().filter(|r| r["status"] == "skipped") {
+        assert!(r["error"].as_str().is_some_and(|e| !e.is_empty()), "{r}");
+    }
     assert!(env.live_sandboxes().is_empty());
 }
 

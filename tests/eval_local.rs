@@ -151,6 +151,16 @@ fn stop_reasons_follow_the_episode() {
     assert_eq!(vf["status"], "failed");
     assert_eq!(vf["stop_reason"], "submit");
     assert_eq!(vf["verify"]["exit_code"], 3);
+    // A record that did not pass says why in the record.
+    assert_eq!(vf["error"], "verify exited 3", "{vf}");
+    assert_eq!(
+        prose["error"],
+        "the episode ended without a submit (no_tool_call)"
+    );
+    assert!(
+        provider["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{provider}"
+    );
     assert!(env.live_sandboxes().is_empty());
 }
 

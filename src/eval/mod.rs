@@ -10,6 +10,7 @@
 
 mod attempt;
 mod budget;
+mod cause;
 mod control;
 pub mod environments;
 mod outcome;
@@ -307,6 +308,14 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     let finish = |task: &Task, attempt: u32, mut record: TaskRecord| {
         record.attempt = attempt;
         budget.finished(&mut record);
+        cause::explain(
+            &mut record,
+            &cause::RunState {
+                stopped_by: budget.stopped_by(),
+                interrupted: control.interrupted(),
+                fatal: control.fatal(),
+            },
+        );
         let image = run.environments.pinned(task);
         record.provenance = Some(run.provenance.for_line(task.line).on_image(image));
         // The record is on disk before anyone hears of it.
