@@ -371,7 +371,7 @@ fn a_project_on_e2b_survives_a_runner_stream_dropped_mid_turn() {
         seed.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let o = p(&["exec", "demo", "--", "cat notes/seed.txt; exit 4"]);
+    let o = p(&["exec", "demo", "--shell", "cat notes/seed.txt; exit 4"]);
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "seeded\n");
 
@@ -429,7 +429,7 @@ fn a_project_on_e2b_survives_a_runner_stream_dropped_mid_turn() {
             "bin.dat is not valid UTF-8",
         ),
     ] {
-        let o = p(&["exec", "demo", "--", make]);
+        let o = p(&["exec", "demo", "--shell", make]);
         assert_eq!(o.status.code(), Some(0), "{make}: {}", text(&o));
         let o = p(&["snapshot", "demo", "out"]);
         assert_eq!(o.status.code(), Some(2), "{make}: {}", text(&o));
@@ -460,7 +460,7 @@ fn a_project_on_e2b_survives_a_runner_stream_dropped_mid_turn() {
         "{}",
         text(&o)
     );
-    let o = p(&["exec", "demo", "--", "cat notes/seed.txt out/a.txt"]);
+    let o = p(&["exec", "demo", "--shell", "cat notes/seed.txt out/a.txt"]);
     assert_eq!(
         String::from_utf8_lossy(&o.stdout),
         "seeded\nA",

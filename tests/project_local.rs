@@ -46,7 +46,7 @@ impl Env {
     }
 
     fn exec(&self, command: &str) -> Output {
-        self.run(&["project", "exec", "demo", "--", command])
+        self.run(&["project", "exec", "demo", "--shell", command])
     }
 
     fn sandbox_id(&self) -> String {
@@ -58,6 +58,25 @@ impl Env {
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `exec -- PROGRAM ARGS...` passes its arguments as given; a string for the shell is
+/// `--shell`, and naming both is a usage error.
+#[test]
+fn exec_passes_arguments_as_given() {
+    let env = Env::new();
+    let argv = |args: &[&str]| {
+        let mut all = vec!["project", "exec", "demo", "--"];
+        all.extend(args);
+        env.run(&all)
+    };
+    let o = argv(&["bash", "-c", "echo hi; exit 7"]);
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    assert_eq!(stdout(&o), "hi\n");
+    let o = argv(&["printf", "%s|", "a b", "$HOME", "it's", "*"]);
+    assert_eq!(stdout(&o), "a b|$HOME|it's|*|", "{}", text(&o));
+    let o = env.run(&["project", "exec", "demo", "--shell", "true", "--", "true"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
 
 #[test]
@@ -90,7 +109,7 @@ fn put_get_exec_and_close() {
         "demo",
         "--timeout",
         "1s",
-        "--",
+        "--shell",
         "sleep 30",
     ]);
     assert_eq!(o.status.code(), Some(124), "{}", text(&o));
@@ -119,7 +138,15 @@ fn timeouts_out_of_range_are_refused_before_anything_starts() {
     for args in [
         &["project", "create", "short", "--timeout", "0s"][..],
         &["project", "create", "long", "--timeout", "8d"],
-        &["project", "exec", "demo", "--timeout", "0s", "--", "true"],
+        &[
+            "project",
+            "exec",
+            "demo",
+            "--timeout",
+            "0s",
+            "--shell",
+            "true",
+        ],
         &[
             "project",
             "run",

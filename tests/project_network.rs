@@ -9,7 +9,7 @@ use serde_json::Value;
 use support::{text, Env};
 
 fn exec(env: &Env, name: &str, command: &str) -> Output {
-    env.run(&["project", "exec", name, "--", command])
+    env.run(&["project", "exec", name, "--shell", command])
 }
 
 fn interfaces(env: &Env, name: &str) -> String {

@@ -65,7 +65,7 @@ impl Demo {
 
     /// Runs `command` in the project; its stdout, after asserting it exited 0.
     fn exec(&self, command: &str) -> String {
-        let o = self.cli(&["project", "exec", "demo", "--", command]);
+        let o = self.cli(&["project", "exec", "demo", "--shell", command]);
         assert_eq!(o.status.code(), Some(0), "{command}: {}", text(&o));
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
@@ -131,7 +131,13 @@ fn memory_pause_keeps_processes_and_files(on: On) {
     });
     demo.pause(&[]);
     std::thread::sleep(Duration::from_millis(1500));
-    let o = demo.cli(&["project", "exec", "demo", "--", "cat ~/.cache/tool/marker"]);
+    let o = demo.cli(&[
+        "project",
+        "exec",
+        "demo",
+        "--shell",
+        "cat ~/.cache/tool/marker",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "installed\n");
     assert!(
@@ -300,7 +306,7 @@ fn long_command_holds_off_the_pause(on: On) {
         "demo",
         "--timeout",
         "30s",
-        "--",
+        "--shell",
         "sleep 5; echo done",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));

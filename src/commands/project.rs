@@ -10,7 +10,7 @@ use clap::Subcommand;
 use wmo_e2b::project::{self, Notice, OnIdle, Project, ProjectError, ProjectState};
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
-use wmo_e2b::sandbox::{Backend, ErrorClass, Killed, Network, PauseKind, Paused};
+use wmo_e2b::sandbox::{shell_quote, Backend, ErrorClass, Killed, Network, PauseKind, Paused};
 use wmo_e2b::tree::TreeBounds;
 
 use super::{
@@ -89,7 +89,8 @@ pub enum ProjectCommand {
         #[arg(long, value_enum)]
         backend: Option<BackendKind>,
     },
-    /// Run a command with bash in the project workspace; exits with its exit code.
+    /// Run a command in the project workspace (`-- PROGRAM ARGS...`, passed as given, or
+    /// `--shell 'STRING'` for bash); exits with its exit code.
     Exec {
         name: String,
         #[arg(long, default_value = "60s", value_parser = super::bounds::duration)]
@@ -97,7 +98,14 @@ pub enum ProjectCommand {
         /// Default: the backend the project was created on.
         #[arg(long, value_enum)]
         backend: Option<BackendKind>,
-        #[arg(last = true, required = true, value_name = "CMD")]
+        /// A string for bash to run, instead of a program and its arguments.
+        #[arg(long, value_name = "STRING", conflicts_with = "command")]
+        shell: Option<String>,
+        #[arg(
+            last = true,
+            required_unless_present = "shell",
+            value_name = "PROGRAM ARGS"
+        )]
         command: Vec<String>,
     },
     /// Write a local directory tree under DEST in the project, validated before any write.
@@ -277,8 +285,16 @@ pub fn run(args: ProjectArgs) -> Result<Exit> {
             name,
             timeout,
             backend,
+            shell,
             command,
-        } => exec(&name, &command, timeout, backend, local),
+        } => {
+            // Each argument as given: quoted for the shell that runs the line.
+            let line = shell.unwrap_or_else(|| {
+                let words: Vec<String> = command.iter().map(|a| shell_quote(a)).collect();
+                words.join(" ")
+            });
+            exec(&name, &line, timeout, backend, local)
+        }
         ProjectCommand::Stage {
             name,
             from,
@@ -501,13 +517,13 @@ fn get(name: &str, path: &str, backend: Option<BackendKind>, local: &LocalArgs) 
 
 fn exec(
     name: &str,
-    command: &[String],
+    command: &str,
     timeout: Duration,
     backend: Option<BackendKind>,
     local: &LocalArgs,
 ) -> Result<Exit> {
     let p = open(backend, name, local)?;
-    let out = p.exec(&command.join(" "), timeout).map_err(user_facing)?;
+    let out = p.exec(command, timeout).map_err(user_facing)?;
     print!("{}", out.output);
     if out.timed_out {
         eprintln!("[timed out after {}s]", timeout.as_secs());
