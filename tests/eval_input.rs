@@ -43,6 +43,25 @@ fn malformed_tasks_are_rejected_before_any_sandbox_starts() {
 }
 
 #[test]
+fn an_out_that_is_a_file_is_a_usage_error() {
+    let env = Env::new();
+    let tasks = env.write_tasks(&[task("ok", &format!(r#""model_script": [{SUBMIT}]"#))]);
+    let file = env.path("a-file");
+    std::fs::write(&file, "mine").unwrap();
+    let o = env.run(&[
+        "eval",
+        "--tasks",
+        tasks.to_str().unwrap(),
+        "--out",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("not a directory"), "{}", text(&o));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
+    assert!(env.live_sandboxes().is_empty());
+}
+
+#[test]
 fn task_files_that_cannot_all_be_written_are_refused_at_load() {
     let env = Env::new();
     let tasks = env.write_tasks(&[

@@ -60,6 +60,28 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// A user's mistake is a usage error (2), not the infrastructure's (3).
+#[test]
+fn mistakes_through_the_sandbox_are_usage_errors() {
+    let env = Env::new();
+    let o = env.exec("ln -s /etc/hostname lnk");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.put("lnk", "over the host's file?");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("symlink"), "{}", text(&o));
+    let o = env.run(&[
+        "project",
+        "create",
+        "other",
+        "--isolation",
+        "none",
+        "--on-idle",
+        "pause",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--isolation bwrap"), "{}", text(&o));
+}
+
 /// `exec -- PROGRAM ARGS...` passes its arguments as given; a string for the shell is
 /// `--shell`, and naming both is a usage error.
 #[test]

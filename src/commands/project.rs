@@ -231,6 +231,16 @@ fn user_facing(e: ProjectError) -> anyhow::Error {
         | ProjectError::Missing { .. }
         | ProjectError::Tree(_)
         | ProjectError::Snapshot(_) => UsageError(wmo_e2b::errors::error_chain(&e)).into(),
+        // A path the sandbox refuses (through a symlink, say), or options this host cannot
+        // honour together: the user's to change, and the message says what.
+        ProjectError::Sandbox { ref source, .. }
+            if matches!(
+                source.class(),
+                ErrorClass::BadRequest | ErrorClass::Unsupported
+            ) =>
+        {
+            UsageError(wmo_e2b::errors::error_chain(&e)).into()
+        }
         other => anyhow::Error::new(other),
     }
 }

@@ -162,6 +162,12 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
         }
         None => base,
     };
+    if out_dir.exists() && !out_dir.is_dir() {
+        return Err(PlanError::Usage(format!(
+            "--out {} is not a directory: name a directory (it is made when missing)",
+            out_dir.display()
+        )));
+    }
     std::fs::create_dir_all(&out_dir).map_err(|source| PlanError::Io {
         path: out_dir.clone(),
         source,
