@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use crate::eval::{EvalEvent, EvalSummary, Status, Tally, TaskRecord};
-use crate::terminal::escape;
+use crate::terminal::{escape, plural};
 
 /// Progress redraws at most this often.
 const TICK: Duration = Duration::from_millis(200);
@@ -269,9 +269,13 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
         out.push('\n');
     }
     let counted = if summary.attempts > 1 {
-        format!("{} tasks × {} attempts", summary.tasks, summary.attempts)
+        format!(
+            "{} × {}",
+            plural(summary.tasks as u64, "task"),
+            plural(u64::from(summary.attempts), "attempt")
+        )
     } else {
-        format!("{} tasks", summary.total)
+        plural(summary.total as u64, "task")
     };
     out.push_str(&format!(
         "{counted}: {} passed, {} failed, {} errors, {} cancelled",
@@ -298,9 +302,9 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
         ));
     }
     out.push_str(&format!(
-        "\n{:.1}s wall · {} sandboxes, {:.1} sandbox-seconds · {} model calls, {} input + {} output tokens · retries: {} transport, {} provider\n",
+        "\n{:.1}s wall · {}, {:.1} sandbox-seconds · {} model calls, {} input + {} output tokens · retries: {} transport, {} provider\n",
         summary.wall_seconds,
-        summary.sandboxes.count,
+        plural(summary.sandboxes.count, "sandbox"),
         summary.sandboxes.seconds,
         summary.tokens.calls,
         summary.tokens.input,

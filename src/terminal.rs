@@ -54,9 +54,27 @@ fn escape_keeping(s: &str, keep: impl Fn(char) -> bool) -> Cow<'_, str> {
     Cow::Owned(o)
 }
 
+/// `1 task`, `2 tasks`, `2 sandboxes`: a count with its noun, as a reader says it.
+pub fn plural(n: u64, noun: &str) -> String {
+    let es = ["s", "x", "ch", "sh"].iter().any(|end| noun.ends_with(end));
+    match (n, es) {
+        (1, _) => format!("1 {noun}"),
+        (_, true) => format!("{n} {noun}es"),
+        (_, false) => format!("{n} {noun}s"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_read_as_said() {
+        assert_eq!(plural(1, "task"), "1 task");
+        assert_eq!(plural(0, "task"), "0 tasks");
+        assert_eq!(plural(2, "sandbox"), "2 sandboxes");
+        assert_eq!(plural(1, "sandbox"), "1 sandbox");
+    }
 
     #[test]
     fn controls_and_bidi_become_visible_escapes() {

@@ -87,10 +87,7 @@ fn each_attempt_runs_on_a_sandbox_proven_clean() {
         assert_eq!(t.matches("\"attempt 1\"").count(), 1, "{path:?}: {t}");
     }
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        stdout.contains("1 tasks × 3 attempts: 3 passed"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("1 task × 3 attempts: 3 passed"), "{stdout}");
     let summary: Value =
         serde_json::from_slice(&std::fs::read(env.out().join("summary.json")).unwrap()).unwrap();
     assert_eq!(

@@ -205,6 +205,12 @@ fn compare_names_flips_new_and_missing_tasks_and_the_changes() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let t = String::from_utf8_lossy(&o.stdout);
     assert!(t.contains("pass rate: 80.0% -> 75.0% (-5.0%)"), "{t}");
+    // Token counts are whole numbers.
+    let tokens = t
+        .lines()
+        .find(|l| l.contains("tokens:"))
+        .unwrap_or_default();
+    assert!(!tokens.contains('.'), "{tokens}");
     assert!(
         t.contains("regressed  passed/submit -> failed/no_tool_call"),
         "{t}"

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::terminal::escape;
+use crate::terminal::{escape, plural};
 
 use super::compare::{Comparison, Delta, Flip};
 use super::health::DatasetHealth;
@@ -69,8 +69,12 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
 
 fn write_summary(o: &mut String, s: &Summary) -> std::fmt::Result {
     let counted = match &s.pass_at_k {
-        Some(p) => format!("{} attempts of {} tasks", s.tasks, p.tasks.len()),
-        None => format!("{} tasks", s.tasks),
+        Some(p) => format!(
+            "{} of {}",
+            plural(s.tasks as u64, "attempt"),
+            plural(p.tasks.len() as u64, "task")
+        ),
+        None => plural(s.tasks as u64, "task"),
     };
     match (s.pass_rate, s.pass_rate_ci95) {
         (Some(p), Some([lo, hi])) => writeln!(
@@ -276,15 +280,22 @@ fn pct(p: &Percentiles) -> String {
     )
 }
 
+/// A change as `before -> after (+change)`; counts (`unit` "" at scale 1: tokens) print whole.
 fn delta(d: &Delta, scale: f64, unit: &str) -> String {
-    let f = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.1}{unit}", v * scale));
+    let decimals = if unit.is_empty() && scale == 1.0 {
+        0
+    } else {
+        1
+    };
+    let num = |v: f64| format!("{:.*}{unit}", decimals, v * scale);
+    let f = |v: Option<f64>| v.map_or("n/a".to_string(), num);
     match d.change {
         Some(c) => format!(
-            "{} -> {} ({}{:.1}{unit})",
+            "{} -> {} ({}{})",
             f(d.baseline),
             f(d.current),
             if c >= 0.0 { "+" } else { "" },
-            c * scale
+            num(c)
         ),
         None => format!("{} -> {}", f(d.baseline), f(d.current)),
     }
