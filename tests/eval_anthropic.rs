@@ -101,7 +101,7 @@ fn model_options_that_do_not_fit_are_usage_errors_before_any_sandbox() {
     let env = Env::new();
     let tasks = env.write_tasks(&[task("t", &format!(r#""model_script": [{SUBMIT}]"#))]);
     let anthropic = ["--provider", "anthropic", "--model", "claude-test"];
-    let cases: [(Vec<&str>, &str); 4] = [
+    let cases: [(Vec<&str>, &str); 5] = [
         // The default key variable follows the provider.
         (anthropic.to_vec(), "ANTHROPIC_API_KEY"),
         (
@@ -116,6 +116,8 @@ fn model_options_that_do_not_fit_are_usage_errors_before_any_sandbox() {
             vec!["--model", "gpt-4o", "--reasoning-effort", "high"],
             "gpt-4o",
         ),
+        // The scripted model has no API to send it to.
+        (vec!["--reasoning-effort", "high"], "scripted model"),
     ];
     for (i, (args, needle)) in cases.into_iter().enumerate() {
         let mut cmd = env.eval_cmd(&tasks, &args);

@@ -226,6 +226,14 @@ impl ModelApiArgs {
         use wmo_e2b::provider::anthropic::{AnthropicConfig, AnthropicProvider};
         use wmo_e2b::provider::openai::{self, OpenAiConfig, OpenAiProvider};
         if model == "scripted" {
+            if self.reasoning_effort.is_some() {
+                return Err(UsageError(
+                    "--reasoning-effort is for a model API, and the scripted model has none: \
+                     leave it out, or name a --model"
+                        .into(),
+                )
+                .into());
+            }
             return Ok(std::sync::Arc::new(
                 wmo_e2b::provider::scripted::ScriptedProvider::new(),
             ));
