@@ -70,6 +70,17 @@ fn reap_after_a_sigkilled_eval_kills_every_leaked_sandbox_and_results_survive() 
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to reap"));
     assert!(lease_states(&env).iter().all(|s| *s == LeaseState::Retired));
+    // It says which backend it read, and that an E2B key set does not change it.
+    let o = env
+        .cmd(&["reap"])
+        .env("E2B_API_KEY", "e2b_test")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        said.contains("backend: local") && said.contains("--backend e2b"),
+        "{said}"
+    );
 }
 
 /// The widest reap there is (foreign sandboxes too, of any age) finds nothing to do.

@@ -37,6 +37,18 @@ pub enum BackendKind {
     E2b,
 }
 
+/// Says on stderr which backend a listing read: the local one is the default even where an
+/// E2B key is set, which a reader could not tell from an empty table.
+pub fn say_backend(kind: BackendKind) {
+    match kind {
+        BackendKind::E2b => eprintln!("backend: e2b"),
+        BackendKind::Local if std::env::var_os("E2B_API_KEY").is_some() => {
+            eprintln!("backend: local (the default; E2B_API_KEY is set: --backend e2b reads E2B's)")
+        }
+        BackendKind::Local => eprintln!("backend: local (the default)"),
+    }
+}
+
 /// How local sandboxes are confined: the `--isolation` option of every command that creates
 /// sandboxes.
 #[derive(Debug, Clone, clap::Args)]

@@ -64,8 +64,10 @@ pub fn run(args: ReapArgs) -> Result<Exit> {
                                "candidates": rows, "failed": failed})
         );
     } else if plan.candidates.is_empty() {
+        super::say_backend(args.backend);
         println!("nothing to reap");
     } else {
+        super::say_backend(args.backend);
         println!(
             "{:<24}  {:<8}  {:>7}  {:<10}  {:<40}  owner",
             "sandbox", "kind", "age", "result", "reason"

@@ -33,6 +33,9 @@ pub fn run(cmd: SandboxCommand) -> Result<Exit> {
     let state = wmo_e2b::state::state_dir();
     match cmd {
         SandboxCommand::List { backend, all, json } => {
+            if !json {
+                super::say_backend(backend);
+            }
             let backend = open_backend(backend)?;
             let rows = inventory::list(backend.as_ref(), &state, all)?;
             if json {
