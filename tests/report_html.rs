@@ -327,6 +327,14 @@ fn compare_mode_marks_flips_and_shows_the_baseline_beside() {
         "{}",
         head(&dom)
     );
+    // Against itself nothing flipped, and the page says so rather than "(0):".
+    let same = env.path("same.html");
+    let (o_dir, s_page) = (out.to_str().unwrap(), same.to_str().unwrap());
+    let o = env.run(&["report", o_dir, "--compare", o_dir, "--html", s_page]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let page_text = std::fs::read_to_string(&same).unwrap();
+    assert!(page_text.contains("id=\"cmp-now-passing\">now passing: none"));
+    assert!(!page_text.contains("(0):"));
     let flipped: Vec<&str> = dom
         .split("<tr class=\"")
         .skip(1)

@@ -357,6 +357,10 @@ fn compare_section(c: &Comparison) -> String {
         ("now-failing", "now failing", &c.now_failing),
         ("now-passing", "now passing", &c.now_passing),
     ] {
+        if list.is_empty() {
+            let _ = write!(o, "<li id=\"cmp-{key}\">{title}: none</li>");
+            continue;
+        }
         let _ = write!(o, "<li id=\"cmp-{key}\">{title} ({}):", list.len());
         for f in list.iter().take(SHOWN_NOTES) {
             let _ = write!(
