@@ -13,10 +13,12 @@ Exit codes:
   0    success (eval: every task passed; report: the run was read, whatever its verdicts)
   1    eval finished but some task failed, errored or was cancelled
   2    bad usage or input: options, the tasks file, a skills directory, an --out another eval is writing to,
-       a report directory with no results, an image reference or registries.toml that does not parse
+       a report directory with no results, an image reference or registries.toml that does not parse,
+       a Dockerfile or build context that cannot be read or is past its bounds, a malformed --build-arg
   3    infrastructure failure: a backend that cannot start, a model API that refuses the key
        or does not know the model, results that cannot be written, sandboxes whose kill
-       could not be proven, a registry that refuses or fails a pull
+       could not be proven, a registry that refuses or fails a pull, an image build that fails
+       or times out, no image builder on PATH
   4    eval stopped at a spend cap (--max-cost, --max-tokens, --max-sandbox-seconds)
   130  interrupted (Ctrl-C)
 (`project exec` exits with the command's own code.)";
@@ -44,7 +46,8 @@ enum Command {
     /// List or kill this tool's sandboxes.
     #[command(subcommand)]
     Sandbox(commands::sandbox::SandboxCommand),
-    /// Pull images into the store shared by every run on this machine, and list them.
+    /// Pull or build images into the store shared by every run on this machine, and list
+    /// them.
     #[command(subcommand)]
     Image(commands::image::ImageCommand),
     /// Serve the E2B API and envd on one port, backed by local sandboxes (for tests and

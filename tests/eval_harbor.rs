@@ -202,7 +202,7 @@ fn refused(env: &Env, tasks: &Path, extra: &[&str]) -> String {
 }
 
 #[test]
-fn dockerfiles_are_refused_until_images_are_built_and_images_off_the_local_backend() {
+fn images_and_dockerfiles_are_refused_off_the_local_backend() {
     let env = Env::new();
     let path = env.write_tasks(&[
         json!({"id": "plain", "instruction": "x"}).to_string(),
@@ -220,11 +220,21 @@ fn dockerfiles_are_refused_until_images_are_built_and_images_off_the_local_backe
         "{e}"
     );
 
+    // Dockerfiles are built and run locally (tests/eval_build.rs); E2B runs none of them.
     let docker =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harbor/with-dockerfile");
-    let e = refused(&env, &docker, &["--harness", "oracle"]);
+    let e = refused(&env, &docker, &["--harness", "oracle", "--backend", "e2b"]);
     assert!(
-        e.contains("with-dockerfile") && e.contains("Dockerfile"),
+        e.contains("with-dockerfile") && e.contains("Dockerfile") && e.contains("local backend"),
+        "{e}"
+    );
+    let path = env.write_tasks(&[json!({
+        "id": "built", "instruction": "x", "dockerfile": "env/Dockerfile"
+    })
+    .to_string()]);
+    let e = refused(&env, &path, &["--backend", "e2b"]);
+    assert!(
+        e.contains("env/Dockerfile") && e.contains("local backend"),
         "{e}"
     );
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use wmo_e2b::eval::environments::BuildOptions;
 use wmo_e2b::eval::plan::{self, EvalOptions, PlanError};
 use wmo_e2b::eval::provenance::{self, Provenance, TasksFile};
 use wmo_e2b::eval::shard;
@@ -51,6 +52,9 @@ pub struct EvalArgs {
     /// The image every task that names no environment runs on (an OCI reference).
     #[arg(long, value_name = "REF")]
     image: Option<String>,
+    /// A build argument (`NAME=VALUE`) for every Dockerfile the tasks name; repeatable.
+    #[arg(long = "build-arg", value_name = "NAME=VALUE")]
+    build_args: Vec<String>,
     /// The reward a verifier's reward file must reach for its task to pass.
     #[arg(long, value_name = "X", default_value_t = 1.0, value_parser = super::bounds::amount)]
     pass_threshold: f64,
@@ -219,6 +223,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     }
     // Checked whole before the run's directory or any sandbox exists.
     let sandbox_limits = args.limits.limits()?;
+    let build_args = wmo_e2b::image::build_key::parse_build_args(&args.build_args)?;
     let skills = super::load_skills(args.skills.as_deref())?;
     let shard = args
         .shard
@@ -304,7 +309,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             args.network.map_or(Network::Internet, Network::from),
         ),
     };
-    let environments = make_environments(&args, &plan)?;
+    let environments = make_environments(&args, &plan, &build_args)?;
     let pi_digest = pi.as_ref().map(|i| i.bundle.digest());
     let provenance = run_provenance(&args, &plan, pi_digest.as_deref(), skills.as_deref())?;
     // Every sandbox of the run is leased before it is created.
@@ -389,19 +394,30 @@ fn e2b_options(args: &EvalArgs) -> wmo_e2b::sandbox::e2b::E2bOptions {
     o
 }
 
-/// The images the tasks run on, pulled and unpacked before any sandbox starts.
-fn make_environments(args: &EvalArgs, plan: &plan::EvalPlan) -> Result<Environments> {
+/// The images the tasks run on, pulled or built and unpacked before any sandbox starts;
+/// build logs go to `<out>/builds/`.
+fn make_environments(
+    args: &EvalArgs,
+    plan: &plan::EvalPlan,
+    build_args: &[(String, String)],
+) -> Result<Environments> {
     if plan.images.is_empty() {
         return Ok(Environments::default());
     }
     let store = Store::open_default().context("cannot open the image store")?;
     let config = RegistryConfig::load_default()?;
-    eprintln!("preparing {} image(s)", plan.images.len());
+    let log_dir = plan.out_dir.join("builds");
+    eprintln!("preparing {} environment(s)", plan.images.len());
+    let build = BuildOptions {
+        args: build_args,
+        log_dir: &log_dir,
+    };
     Ok(Environments::make(
         &plan.images,
         args.image.as_deref(),
         &store,
         &config,
+        &build,
     )?)
 }
 

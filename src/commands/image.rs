@@ -1,10 +1,13 @@
-//! `wmo-e2b image pull|list|prune`: prefetch images into the store, show what it holds, and
-//! reclaim the space of what no sandbox uses.
+//! `wmo-e2b image pull|build|list|prune`: prefetch or build images into the store, show what
+//! it holds, and reclaim the space of what no sandbox uses.
 
+use std::path::PathBuf;
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
+use wmo_e2b::image::build::{default_dockerfile, BuildRequest};
+use wmo_e2b::image::build_key::parse_build_args;
 use wmo_e2b::image::{pull, unpacked_root, Reference, RegistryConfig, Store};
 use wmo_e2b::sandbox::local::images_in_use;
 use wmo_e2b::terminal::escape;
@@ -22,7 +25,25 @@ pub enum ImageCommand {
         #[arg(long)]
         json: bool,
     },
-    /// The images pulled into the store: reference, content digest, when.
+    /// Build CONTEXT's Dockerfile with buildah (or podman) into the store, unless the same
+    /// Dockerfile, context and build arguments were built before on this machine.
+    Build {
+        #[arg(value_name = "CONTEXT")]
+        context: PathBuf,
+        /// The Dockerfile [default: CONTEXT/Dockerfile, else CONTEXT/Containerfile].
+        #[arg(short = 'f', long = "file", value_name = "DOCKERFILE")]
+        file: Option<PathBuf>,
+        /// A build argument (`NAME=VALUE`), part of the build's key; repeatable.
+        #[arg(long = "build-arg", value_name = "NAME=VALUE")]
+        build_args: Vec<String>,
+        /// The build's bound; past it the builder is killed.
+        #[arg(long, default_value = "30m", value_parser = super::bounds::duration)]
+        timeout: Duration,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The images pulled or built into the store: reference, content digest, when.
     List {
         /// One JSON array.
         #[arg(long)]
@@ -97,12 +118,64 @@ pub fn run(cmd: ImageCommand) -> Result<Exit> {
                 );
             }
         }
+        ImageCommand::Build {
+            context,
+            file,
+            build_args,
+            timeout,
+            json,
+        } => {
+            let args = parse_build_args(&build_args)?;
+            let dockerfile = file.unwrap_or_else(|| default_dockerfile(&context));
+            let log_dir = store.root().join("builds");
+            let request = BuildRequest {
+                dockerfile: &dockerfile,
+                context: &context,
+                args: &args,
+                timeout,
+                log_dir: &log_dir,
+            };
+            let config = RegistryConfig::load_default()?;
+            let built = wmo_e2b::image::build(&request, None, &store, &config)?;
+            let r = &built.record;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "key": built.key.as_str(),
+                        "fresh": built.fresh,
+                        "reference": r.reference,
+                        "manifest_digest": r.manifest_digest,
+                        "config_digest": built.image.config_digest.as_str(),
+                        "layers": built.image.layers.len(),
+                        "builder": r.builder,
+                        "builder_version": r.builder_version,
+                        "built_at": r.built_at,
+                        "log": built.fresh.then_some(&built.log),
+                    })
+                );
+            } else {
+                let what = if built.fresh {
+                    "built"
+                } else {
+                    "found (built before)"
+                };
+                println!("{} {what}", escape(&dockerfile.display().to_string()));
+                println!("  key      {}", built.key);
+                println!("  image    {}", escape(&r.reference));
+                println!("  digest   {}", r.manifest_digest);
+                println!("  builder  {}", escape(&r.builder_version));
+                if built.fresh {
+                    println!("  log      {}", escape(&built.log.display().to_string()));
+                }
+            }
+        }
         ImageCommand::List { json } => {
             let records = store.records()?;
             if json {
                 println!("{}", serde_json::to_string(&records)?);
             } else if records.is_empty() {
-                println!("no images pulled");
+                println!("no images pulled or built");
             } else {
                 println!("{:<20}  {:<71}  reference", "pulled (UTC)", "digest");
                 for r in records {

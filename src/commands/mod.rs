@@ -337,6 +337,11 @@ pub fn exit_code_of(err: &anyhow::Error) -> Exit {
             || c.downcast_ref::<wmo_e2b::image::ImageError>()
                 .is_some_and(|e| e.is_bad_input())
             || c.is::<wmo_e2b::image::reference::ReferenceError>()
+            || c.is::<wmo_e2b::image::build_key::KeyError>()
+            || c.downcast_ref::<wmo_e2b::image::BuildError>()
+                .is_some_and(|e| e.is_bad_input())
+            || c.downcast_ref::<wmo_e2b::eval::environments::EnvironmentError>()
+                .is_some_and(|e| e.is_bad_input())
             || c.downcast_ref::<wmo_e2b::analysis::AnalysisError>()
                 .is_some_and(|e| e.is_bad_input())
     });

@@ -1,15 +1,78 @@
 //! The task environments of a run, made before any sandbox starts: each image a task names
-//! (or `--image` gives the tasks that name none) pulled into the store, unpacked once, and
-//! described as the root its sandboxes' task processes run on. A run whose images cannot
-//! all be had stops here, before it spends anything.
+//! (or `--image` gives the tasks that name none) pulled into the store, each Dockerfile a
+//! task names built into it (once per build key on the machine), each unpacked once and
+//! described as the root its sandboxes' task processes run on. A run whose environments
+//! cannot all be had stops here, before it spends anything.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::image::store::StoreLock;
-use crate::image::{self, ImageError, Reference, RegistryConfig, Store};
+use crate::image::{self, BuildError, BuildRequest, ImageError, PulledImage, Reference};
+use crate::image::{RegistryConfig, Store};
 use crate::sandbox::ImageRoot;
 use crate::task::{EnvironmentSpec, Task};
+
+/// Where a task's environment comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// An image reference, pulled.
+    Image(String),
+    /// A Dockerfile, built in `context`.
+    Dockerfile {
+        path: PathBuf,
+        context: PathBuf,
+        /// The Dockerfile's path relative to the tasks file's directory (a Harbor dataset's
+        /// own): how provenance names it.
+        label: String,
+        /// The longest any task naming it allows.
+        timeout: Duration,
+    },
+}
+
+impl Source {
+    /// How results name it: the reference, or `dockerfile:<label>`.
+    pub fn name(&self) -> String {
+        match self {
+            Source::Image(r) => r.clone(),
+            Source::Dockerfile { label, .. } => format!("dockerfile:{label}"),
+        }
+    }
+
+    /// What it is, for a person: `image R` or `Dockerfile P`.
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Image(r) => format!("image {r}"),
+            Source::Dockerfile { path, .. } => format!("Dockerfile {}", path.display()),
+        }
+    }
+
+    /// Whether `self` and `other` are one environment (a Dockerfile's timeout aside).
+    pub fn same_as(&self, other: &Source) -> bool {
+        match (self, other) {
+            (Source::Image(a), Source::Image(b)) => a == b,
+            (
+                Source::Dockerfile { path, context, .. },
+                Source::Dockerfile {
+                    path: p,
+                    context: c,
+                    ..
+                },
+            ) => path == p && context == c,
+            _ => false,
+        }
+    }
+}
+
+/// How the run's Dockerfiles are built.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildOptions<'a> {
+    /// `--build-arg`s, given to every build (part of each build's key).
+    pub args: &'a [(String, String)],
+    /// Where each build's log goes, as `<key hex>.log` (an eval's is `<out>/builds`).
+    pub log_dir: &'a Path,
+}
 
 /// Why an environment could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -20,9 +83,12 @@ pub enum EnvironmentError {
         #[source]
         source: ImageError,
     },
-    #[error("image {reference}: cannot unpack it: {source}")]
+    /// Names the Dockerfile itself.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error("{name}: cannot unpack it: {source}")]
     Unpack {
-        reference: String,
+        name: String,
         #[source]
         source: image::unpack::UnpackError,
     },
@@ -30,13 +96,27 @@ pub enum EnvironmentError {
     Store(#[source] image::store::StoreError),
 }
 
-/// The environments of a run's tasks, by the reference that names each.
+impl EnvironmentError {
+    /// Whether the user's input is at fault (a reference or settings file that does not
+    /// parse, a Dockerfile or context that cannot be read), rather than the machine.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            EnvironmentError::Image { source, .. } => source.is_bad_input(),
+            EnvironmentError::Build(e) => e.is_bad_input(),
+            EnvironmentError::Unpack { .. } | EnvironmentError::Store(_) => false,
+        }
+    }
+}
+
+/// The environments of a run's tasks, by the name of each (see [`Source::name`]).
 #[derive(Debug, Default)]
 pub struct Environments {
     roots: BTreeMap<String, Made>,
     /// The store's shared lock, held while the run may still start sandboxes on its roots:
     /// no prune removes them under it.
     _store: Option<StoreLock>,
+    /// The name of each Dockerfile's environment, by its path as tasks name it.
+    dockerfiles: BTreeMap<PathBuf, String>,
     /// The environment of tasks that name none (`--image`).
     default: Option<String>,
 }
@@ -44,53 +124,76 @@ pub struct Environments {
 #[derive(Debug)]
 struct Made {
     root: ImageRoot,
-    /// The content digest the reference resolved to (what provenance records).
+    /// The content digest the reference resolved to, or the built image's manifest digest
+    /// (what provenance records).
     digest: String,
 }
 
 impl Environments {
-    /// Pulls and unpacks every image in `references` into `store`; `default` (one of them)
-    /// is the environment of tasks that name none.
+    /// Pulls or builds, and unpacks, every environment in `sources` into `store`;
+    /// `default` (an image among them) is the environment of tasks that name none.
     pub fn make(
-        references: &[String],
+        sources: &[Source],
         default: Option<&str>,
         store: &Store,
         config: &RegistryConfig,
+        build: &BuildOptions,
     ) -> Result<Environments, EnvironmentError> {
-        let store_lock = match references.is_empty() {
-            true => None,
-            false => Some(store.pull_lock().map_err(EnvironmentError::Store)?),
+        let mut made = Environments {
+            default: default.map(str::to_string),
+            ..Environments::default()
         };
-        let mut roots = BTreeMap::new();
-        for reference in references {
-            if roots.contains_key(reference) {
+        if !sources.is_empty() {
+            made._store = Some(store.pull_lock().map_err(EnvironmentError::Store)?);
+        }
+        for source in sources {
+            let name = source.name();
+            if made.roots.contains_key(&name) {
                 continue;
             }
-            roots.insert(reference.clone(), make_one(reference, store, config)?);
+            let image = match source {
+                Source::Image(reference) => pull(reference, store, config)?,
+                Source::Dockerfile {
+                    path,
+                    context,
+                    timeout,
+                    ..
+                } => {
+                    let request = BuildRequest {
+                        dockerfile: path,
+                        context,
+                        args: build.args,
+                        timeout: *timeout,
+                        log_dir: build.log_dir,
+                    };
+                    made.dockerfiles.insert(path.clone(), name.clone());
+                    image::build(&request, None, store, config)?.image
+                }
+            };
+            made.roots
+                .insert(name.clone(), make_root(&name, &image, store)?);
         }
-        Ok(Environments {
-            roots,
-            _store: store_lock,
-            default: default.map(str::to_string),
-        })
+        Ok(made)
     }
 
     /// The root `task`'s commands run on; `None`: the sandbox's own system.
     pub fn of(&self, task: &Task) -> Option<&ImageRoot> {
-        self.roots.get(self.reference_of(task)?).map(|m| &m.root)
+        self.roots.get(self.name_of(task)?).map(|m| &m.root)
     }
 
-    /// The image `task` runs on as `reference@digest`, for its record's provenance.
+    /// The environment `task` runs on as `reference@digest` (`dockerfile:<path>@digest` for
+    /// a built one), for its record's provenance.
     pub fn pinned(&self, task: &Task) -> Option<String> {
-        let reference = self.reference_of(task)?;
-        let made = self.roots.get(reference)?;
-        Some(format!("{reference}@{}", made.digest))
+        let name = self.name_of(task)?;
+        let made = self.roots.get(name)?;
+        Some(format!("{name}@{}", made.digest))
     }
 
-    fn reference_of<'a>(&'a self, task: &'a Task) -> Option<&'a String> {
+    fn name_of<'a>(&'a self, task: &'a Task) -> Option<&'a String> {
         match &task.environment {
             Some(EnvironmentSpec::Image(r)) => Some(r),
-            _ => self.default.as_ref(),
+            Some(EnvironmentSpec::Dockerfile { path, .. }) => self.dockerfiles.get(path),
+            None => self.default.as_ref(),
         }
     }
 
@@ -99,20 +202,24 @@ impl Environments {
     }
 }
 
-fn make_one(
+fn pull(
     reference: &str,
     store: &Store,
     config: &RegistryConfig,
-) -> Result<Made, EnvironmentError> {
+) -> Result<PulledImage, EnvironmentError> {
     let image_error = |source| EnvironmentError::Image {
         reference: reference.to_string(),
         source,
     };
     let parsed = Reference::parse(reference).map_err(|e| image_error(e.into()))?;
-    let pulled = image::pull(&parsed, store, config).map_err(image_error)?;
+    image::pull(&parsed, store, config).map_err(image_error)
+}
+
+/// An image in the store unpacked (once) and described as the root tasks run on.
+fn make_root(name: &str, pulled: &PulledImage, store: &Store) -> Result<Made, EnvironmentError> {
     let rootfs =
-        image::unpacked_root(&pulled, store).map_err(|source| EnvironmentError::Unpack {
-            reference: reference.to_string(),
+        image::unpacked_root(pulled, store).map_err(|source| EnvironmentError::Unpack {
+            name: name.to_string(),
             source,
         })?;
     let config = &pulled.config;

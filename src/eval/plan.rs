@@ -5,11 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::environments::Source;
 use super::results::{self, ResultsError};
 use super::run_lock::{self, RunLock, RunLockError};
 use super::schedule::{AttemptPlan, FinishedAttempts, MAX_ATTEMPTS};
 use super::shard::Shard;
 use super::{Harness, HarnessFiles};
+use crate::image::build::DEFAULT_BUILD_TIMEOUT;
 use crate::pool::{self, PoolConfig};
 use crate::runner::BootstrapOpts;
 use crate::sandbox::{CreateSpec, Metadata, OnTimeout};
@@ -56,9 +58,9 @@ pub struct EvalPlan {
     pub harness: Harness,
     /// Held for the whole run: a second run into the same directory is refused.
     pub lock: RunLock,
-    /// The images the tasks run on (their own, or `--image`), each once, to be made before
-    /// any sandbox starts (see `environments`).
-    pub images: Vec<String>,
+    /// The environments the tasks run on (their images or Dockerfiles, or `--image`), each
+    /// once, to be made before any sandbox starts (see `environments`).
+    pub images: Vec<Source>,
 }
 
 /// Why a run cannot start. All of them are the user's to fix except `Io`.
@@ -73,11 +75,7 @@ pub enum PlanError {
     #[error(transparent)]
     Results(#[from] ResultsError),
     #[error(
-        "task {id:?} names an environment ({what}), and building images is not supported by this build yet: build it, push it to a registry and name it as `image`"
-    )]
-    EnvironmentUnsupported { id: String, what: String },
-    #[error(
-        "task {id:?} runs on image {image}, and images run on the local backend only: E2B runs templates, which this build does not make from images yet"
+        "task {id:?} runs on {image}, and images run on the local backend only: E2B runs templates, which this build does not make from images yet"
     )]
     ImagesUnsupported { id: String, image: String },
     #[error("cannot create the output directory {path}")]
@@ -92,10 +90,7 @@ impl PlanError {
     /// Bad options or input files (exit 2), rather than a machine that cannot run the plan.
     pub fn is_usage(&self) -> bool {
         match self {
-            PlanError::Usage(_)
-            | PlanError::Tasks(_)
-            | PlanError::EnvironmentUnsupported { .. }
-            | PlanError::ImagesUnsupported { .. } => true,
+            PlanError::Usage(_) | PlanError::Tasks(_) | PlanError::ImagesUnsupported { .. } => true,
             PlanError::Locked(e) => matches!(e, RunLockError::Held { .. }),
             PlanError::Results(_) | PlanError::Io { .. } => false,
         }
@@ -123,25 +118,33 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
     }
     // Every task is checked; only this shard's are kept, as places in the tasks file (or
     // held whole, read from task directories). Refused before anything starts: an
-    // environment this build cannot run.
+    // environment this backend cannot run.
     let mut unsupported = None;
-    let mut images: Vec<String> = Vec::new();
+    let mut images: Vec<Source> = Vec::new();
+    // Dockerfiles are named relative to what the user named: the tasks file's directory, or
+    // the task directory or dataset.
+    let base = match opts.tasks_file.is_dir() {
+        true => opts.tasks_file.clone(),
+        false => opts
+            .tasks_file
+            .parent()
+            .unwrap_or(Path::new(""))
+            .to_path_buf(),
+    };
     let mut keep = |t: &Task| {
         let kept = shard.is_none_or(|s| s.holds(&t.id));
-        if kept && unsupported.is_none() {
-            match environment_of(t, opts.image.as_deref()) {
-                Ok(Some(image)) if !opts.runs_images => {
-                    unsupported = Some(PlanError::ImagesUnsupported {
-                        id: crate::terminal::escape(&t.id).into_owned(),
-                        image: crate::terminal::escape(image).into_owned(),
-                    })
-                }
-                Ok(Some(image)) if !images.iter().any(|i| i == image) => {
-                    images.push(image.to_string())
-                }
-                Ok(_) => {}
-                Err(refused) => unsupported = Some(refused),
+        if !kept || unsupported.is_some() {
+            return kept;
+        }
+        match environment_of(t, opts.image.as_deref(), &base) {
+            Some(source) if !opts.runs_images => {
+                unsupported = Some(PlanError::ImagesUnsupported {
+                    id: crate::terminal::escape(&t.id).into_owned(),
+                    image: crate::terminal::escape(&source.describe()).into_owned(),
+                })
             }
+            Some(source) => add_source(&mut images, source),
+            None => {}
         }
         kept
     };
@@ -276,21 +279,36 @@ impl EvalPlan {
     }
 }
 
-/// The image a task runs on: its own, else `--image`, else none. A Dockerfile is refused
-/// until images are built.
-fn environment_of<'t>(
-    task: &'t Task,
-    default_image: Option<&'t str>,
-) -> Result<Option<&'t str>, PlanError> {
-    match (&task.environment, default_image) {
-        (Some(EnvironmentSpec::Image(r)), _) => Ok(Some(r)),
-        (Some(EnvironmentSpec::Dockerfile { path, .. }), _) => {
-            Err(PlanError::EnvironmentUnsupported {
-                id: crate::terminal::escape(&task.id).into_owned(),
-                what: format!("Dockerfile {}", path.display()),
-            })
+/// What a task runs on: its own image or Dockerfile, else `--image`, else none.
+fn environment_of(task: &Task, default_image: Option<&str>, base: &Path) -> Option<Source> {
+    match &task.environment {
+        Some(EnvironmentSpec::Image(r)) => Some(Source::Image(r.clone())),
+        Some(EnvironmentSpec::Dockerfile { path, context }) => Some(Source::Dockerfile {
+            path: path.clone(),
+            context: context.clone(),
+            label: path
+                .strip_prefix(base)
+                .unwrap_or(path)
+                .display()
+                .to_string(),
+            timeout: task
+                .build_timeout_s
+                .map_or(DEFAULT_BUILD_TIMEOUT, Duration::from_secs_f64),
+        }),
+        None => default_image.map(|r| Source::Image(r.to_string())),
+    }
+}
+
+/// Adds `source` unless it is there; a Dockerfile named twice gets the longer timeout.
+fn add_source(sources: &mut Vec<Source>, source: Source) {
+    match sources.iter_mut().find(|s| s.same_as(&source)) {
+        Some(Source::Dockerfile { timeout, .. }) => {
+            if let Source::Dockerfile { timeout: t, .. } = source {
+                *timeout = (*timeout).max(t);
+            }
         }
-        (None, default) => Ok(default),
+        Some(_) => {}
+        None => sources.push(source),
     }
 }
 

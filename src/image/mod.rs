@@ -1,10 +1,16 @@
 //! Container images: references, a daemonless registry client, a content-addressed store
-//! shared by every run on the machine, and layers unpacked into root filesystems.
+//! shared by every run on the machine, images built from Dockerfiles into it, and layers
+//! unpacked into root filesystems.
 
 pub mod auth;
+pub mod build;
+pub mod build_key;
+mod build_run;
+pub mod builder;
 pub mod error;
 mod layer;
 pub mod manifest;
+pub mod oci_layout;
 pub mod pull;
 pub mod reference;
 pub mod registry;
@@ -16,6 +22,8 @@ pub mod unpack;
 pub mod unpacked;
 mod zstd;
 
+pub use build::{build, BuildError, BuildRequest, Built};
+pub use builder::Builder;
 pub use error::ImageError;
 pub use pull::{pull, pull_with, Layer, PulledImage};
 pub use reference::{Digest, Reference};

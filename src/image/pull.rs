@@ -18,7 +18,7 @@ use crate::cancel::CancelToken;
 
 /// The largest layer taken: a manifest's sizes are a registry's word, and a layer is
 /// downloaded up to its stated size.
-const MAX_LAYER: u64 = 64 << 30;
+pub(super) const MAX_LAYER: u64 = 64 << 30;
 
 /// An image whose blobs are all in the store.
 #[derive(Debug, Clone, PartialEq, Eq)]

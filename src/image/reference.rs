@@ -54,6 +54,11 @@ impl Digest {
         Digest(crate::digest::sha256(bytes))
     }
 
+    /// The digest whose SHA-256 is `hash` (a hasher's result).
+    pub fn from_sha256(hash: [u8; 32]) -> Digest {
+        Digest(format!("sha256:{}", crate::digest::hex(&hash)))
+    }
+
     /// The 64 hex digits.
     pub fn hex(&self) -> &str {
         &self.0["sha256:".len()..]

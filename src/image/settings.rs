@@ -86,6 +86,11 @@ impl RegistryConfig {
         self
     }
 
+    /// Every registry with settings, by name.
+    pub fn registries(&self) -> impl Iterator<Item = (&str, &RegistrySettings)> {
+        self.registries.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
     pub fn mirrors(&self, registry: &str) -> &[String] {
         self.registries
             .get(registry)

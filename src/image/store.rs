@@ -369,7 +369,14 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn take_lock(path: &Path, how: i32, wait: Duration, what: &str) -> Result<StoreLock, StoreError> {
+/// An `flock` of `path` (`LOCK_SH` or `LOCK_EX`), waited for up to `wait`; `what` names the
+/// holder waited on, in the error.
+pub(super) fn take_lock(
+    path: &Path,
+    how: i32,
+    wait: Duration,
+    what: &str,
+) -> Result<StoreLock, StoreError> {
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::environment::{EnvironmentSpec, Solution, SOLUTION_DIR};
+use super::environment::{EnvironmentSpec, Solution};
 use super::{validate, Task};
 use crate::sandbox::{Limits, Network};
 use crate::tree::{self, TreeBounds, TreeError};
@@ -28,8 +28,24 @@ const TREE_BOUNDS: TreeBounds = TreeBounds {
 };
 /// Bytes read from a whole dataset: past it, the tasks are too many to hold.
 const MAX_DATASET_BYTES: u64 = 1 << 30;
-/// The command that verifies a Harbor task, as Harbor runs it.
-pub const HARBOR_VERIFY: &str = "bash /tests/test.sh";
+/// A script run with bash, as Harbor runs it, or with `sh` where the task's image has no
+/// bash (busybox, alpine): there a script for bash fails either way, one for sh can pass.
+macro_rules! bash_or_sh {
+    ($script:literal) => {
+        concat!(
+            "if command -v bash >/dev/null 2>&1; then bash ",
+            $script,
+            "; else sh ",
+            $script,
+            "; fi"
+        )
+    };
+}
+/// The command that verifies a Harbor task.
+pub const HARBOR_VERIFY: &str = bash_or_sh!("/tests/test.sh");
+/// The command that runs a Harbor task's reference solution, in
+/// [`SOLUTION_DIR`](super::environment::SOLUTION_DIR).
+pub const HARBOR_SOLVE: &str = bash_or_sh!("/tmp/solution/solve.sh");
 
 /// A task directory (or dataset) that cannot be run, named by directory, file and field.
 #[derive(Debug, thiserror::Error)]
@@ -239,9 +255,10 @@ fn load_task(dir: &Path) -> Result<(Task, Vec<(String, String)>), HarborError> {
         limits,
         network: (config.environment.allow_internet == Some(false)).then_some(Network::None),
         verify_env: config.verifier.env,
+        build_timeout_s: config.environment.build_timeout_sec,
         solution: solution.map(|files| Solution {
             files,
-            command: format!("bash {SOLUTION_DIR}/solve.sh"),
+            command: HARBOR_SOLVE.into(),
         }),
         environment,
         ..Task::default()

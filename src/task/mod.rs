@@ -90,6 +90,10 @@ pub struct Task {
     /// Tasks-file field `image`: read into `environment` by the parser.
     #[serde(default)]
     image: Option<String>,
+    /// How long building its `dockerfile` may take (Harbor's `build_timeout_sec`); the
+    /// default when absent is the image builder's.
+    #[serde(default)]
+    pub build_timeout_s: Option<f64>,
     /// Tasks-file field `dockerfile`, relative to the tasks file: read into `environment`.
     #[serde(default)]
     dockerfile: Option<String>,
@@ -210,6 +214,7 @@ fn validate(task: &Task) -> Result<(), String> {
     for (field, value) in [
         ("timeout_s", task.timeout_s),
         ("verify_timeout_s", task.verify_timeout_s),
+        ("build_timeout_s", task.build_timeout_s),
     ] {
         if let Some(t) = value {
             if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {

@@ -180,6 +180,35 @@ impl Buildah {
     }
 }
 
+impl Buildah {
+    /// Pushes a base image for builds to `registry` as `repo:tag` and returns its reference:
+    /// busybox as `/bin/sh` and the applets a Dockerfile's `RUN` and a task's scripts use,
+    /// an `/etc/passwd` naming `app` (uid 1000), and `PATH` set.
+    pub fn push_base(&self, registry: &str, repo_tag: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for d in ["bin", "etc", "tmp"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+        for applet in [
+            "sh", "cat", "echo", "mkdir", "test", "[", "id", "pwd", "ls", "rm", "cp", "mv",
+            "chmod", "chown", "sleep", "printf", "grep", "awk", "sed", "tr", "env", "true",
+            "false",
+        ] {
+            std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+        }
+        std::fs::write(
+            root.join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("etc/group"), "root:x:0:\napp:x:1000:\n").unwrap();
+        self.push_tree(registry, repo_tag, root, &["--env", "PATH=/bin"]);
+        format!("{registry}/{repo_tag}")
+    }
+}
+
 /// How the front misbehaves.
 #[derive(Debug, Clone, Default)]
 pub struct Faults {

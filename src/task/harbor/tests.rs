@@ -1,5 +1,6 @@
 //! Harbor task directories read, and refused, as they are.
 use super::*;
+use crate::task::environment::SOLUTION_DIR;
 
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -40,7 +41,9 @@ fn a_dataset_reads_into_tasks_sorted_by_name() {
     let sum = &tasks[1];
     let solution = sum.solution.as_ref().unwrap();
     assert!(solution.files.contains_key("sum.awk"));
-    assert_eq!(solution.command, format!("bash {SOLUTION_DIR}/solve.sh"));
+    assert_eq!(solution.command, HARBOR_SOLVE);
+    assert!(HARBOR_SOLVE.contains(&format!("bash {SOLUTION_DIR}/solve.sh;")));
+    assert!(HARBOR_SOLVE.contains(&format!("sh {SOLUTION_DIR}/solve.sh;")));
     assert_eq!(sum.network, None);
     assert_eq!(tasks[2].verify_env["EXPECTED_ANSWER"], "42");
 
@@ -63,6 +66,7 @@ fn an_environment_directory_is_the_dockerfile_and_its_context() {
     );
     let limits = tasks[0].limits.unwrap();
     assert_eq!((limits.memory_mb, limits.disk_mb), (Some(2048), Some(4096)));
+    assert_eq!(tasks[0].build_timeout_s, Some(600.0));
 
     // `docker_image` names a prebuilt image of it, and wins.
     let tmp = tempfile::tempdir().unwrap();
