@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use crate::eval::{EvalEvent, EvalSummary, Status, Tally, TaskRecord};
+use crate::eval::{EvalEvent, EvalSummary, Phase, RunningTask, Status, Tally, TaskRecord};
 use crate::terminal::{escape, plural};
 
 /// Progress redraws at most this often.
@@ -29,18 +29,30 @@ pub enum ReportMode {
 
 /// Consumes events until the channel closes: draws progress as tasks finish and, at the
 /// summary, the table and totals (or, in JSON mode, one line per event).
-pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
+/// Off a terminal (`Lines`, `Json`), a heartbeat is said every `heartbeat`.
+pub fn run_reporter(mode: ReportMode, heartbeat: Duration, events: Receiver<EvalEvent>) {
     let started = Instant::now();
     let mut total = 0;
     let mut per_task = 1;
     let mut tally = Tally::default();
     // By task and attempt: two attempts of one task may run at once.
-    let mut running: HashMap<(String, u32), Instant> = HashMap::new();
+    let mut running: Running = HashMap::new();
     let mut records = Vec::new();
     let mut drawn = false;
+    let mut next_beat = started + heartbeat;
     let stderr = std::io::stderr();
     let stdout = std::io::stdout();
     loop {
+        if mode != ReportMode::Progress && Instant::now() >= next_beat {
+            next_beat = Instant::now() + heartbeat;
+            let beat = heartbeat_event(started, tally.done(), total, &running);
+            match mode {
+                ReportMode::Json => json_line(&stdout, &beat),
+                _ => {
+                    let _ = writeln!(stderr.lock(), "{}", heartbeat_line(&beat, per_task));
+                }
+            }
+        }
         let event = match events.recv_timeout(TICK) {
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => {
@@ -60,11 +72,7 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
             Err(RecvTimeoutError::Disconnected) => break,
         };
         if mode == ReportMode::Json {
-            if let Ok(line) = serde_json::to_string(&event) {
-                let mut out = stdout.lock();
-                let _ = writeln!(out, "{line}");
-                let _ = out.flush();
-            }
+            json_line(&stdout, &event);
         }
         match event {
             EvalEvent::RunStarted {
@@ -74,8 +82,15 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
                 per_task = attempts;
             }
             EvalEvent::TaskStarted { id, attempt } => {
-                running.insert((id, attempt), Instant::now());
+                running.insert((id, attempt), (Instant::now(), Phase::Sandbox));
             }
+            EvalEvent::TaskPhase { id, attempt, phase } => {
+                if let Some(entry) = running.get_mut(&(id, attempt)) {
+                    entry.1 = phase;
+                }
+            }
+            // Said by this thread, never sent to it.
+            EvalEvent::Heartbeat { .. } => {}
             EvalEvent::TaskRetrying {
                 id,
                 attempt,
@@ -142,6 +157,73 @@ pub fn run_reporter(mode: ReportMode, events: Receiver<EvalEvent>) {
     }
 }
 
+/// The running tasks: when each started, and where it is.
+type Running = HashMap<(String, u32), (Instant, Phase)>;
+
+fn json_line(stdout: &std::io::Stdout, event: &EvalEvent) {
+    if let Ok(line) = serde_json::to_string(event) {
+        let mut out = stdout.lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+}
+
+/// Running tasks a heartbeat line names; the rest are counted.
+const BEAT_NAMED: usize = 8;
+
+fn heartbeat_event(started: Instant, done: usize, total: usize, running: &Running) -> EvalEvent {
+    let mut tasks: Vec<RunningTask> = running
+        .iter()
+        .map(|((id, attempt), (since, phase))| RunningTask {
+            id: id.clone(),
+            attempt: *attempt,
+            phase: *phase,
+            seconds: since.elapsed().as_secs_f64(),
+        })
+        .collect();
+    // Longest running first: the one a reader looks for.
+    tasks.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    EvalEvent::Heartbeat {
+        seconds: started.elapsed().as_secs_f64(),
+        done,
+        total,
+        running: tasks,
+    }
+}
+
+fn heartbeat_line(beat: &EvalEvent, per_task: u32) -> String {
+    let EvalEvent::Heartbeat {
+        seconds,
+        done,
+        total,
+        running,
+    } = beat
+    else {
+        return String::new();
+    };
+    let mut line = format!(
+        "running {} · {done}/{total} done · {}",
+        clock(*seconds),
+        plural(running.len() as u64, "task")
+    );
+    let named: Vec<String> = running
+        .iter()
+        .take(BEAT_NAMED)
+        .map(|t| {
+            let name = task_name(&t.id, t.attempt, per_task);
+            format!("{name} ({} {})", t.phase.as_str(), clock(t.seconds))
+        })
+        .collect();
+    if !named.is_empty() {
+        line.push_str(": ");
+        line.push_str(&named.join(", "));
+    }
+    if running.len() > BEAT_NAMED {
+        line.push_str(&format!(", and {} more", running.len() - BEAT_NAMED));
+    }
+    line
+}
+
 fn clear(out: &mut impl Write, drawn: bool) {
     if drawn {
         let _ = write!(out, "\r\x1b[2K");
@@ -152,7 +234,7 @@ fn draw(
     out: &mut impl Write,
     total: usize,
     c: &Tally,
-    running: &HashMap<(String, u32), Instant>,
+    running: &Running,
     started: Instant,
     per_task: u32,
 ) {
@@ -166,8 +248,8 @@ fn draw(
     };
     let longest = running
         .iter()
-        .max_by_key(|(_, t)| std::cmp::Reverse(**t))
-        .map(|((id, attempt), t)| {
+        .max_by_key(|(_, (t, _))| std::cmp::Reverse(*t))
+        .map(|((id, attempt), (t, _))| {
             let secs = t.elapsed().as_secs_f64();
             let name = task_name(id, *attempt, per_task);
             format!(" · longest {name} {}", clock(secs))
@@ -336,7 +418,7 @@ mod tests {
 
     #[test]
     fn the_progress_line_counts_attempts_when_there_are_several() {
-        let running = HashMap::from([(("t".to_string(), 2), Instant::now())]);
+        let running = HashMap::from([(("t".to_string(), 2), (Instant::now(), Phase::Episode))]);
         let line = |per_task| {
             let mut out = Vec::new();
             draw(
@@ -363,7 +445,12 @@ mod tests {
 
     #[test]
     fn the_progress_line_writes_no_escape_but_its_own() {
-        let running = HashMap::from([((HOSTILE.to_string(), 1), Instant::now())]);
+        let running = HashMap::from([((HOSTILE.to_string(), 1), (Instant::now(), Phase::Verify))]);
+        let beat = heartbeat_line(&heartbeat_event(Instant::now(), 0, 3, &running), 1);
+        assert!(
+            !beat.contains('\x1b') && beat.contains("(verify 0:00)"),
+            "{beat}"
+        );
         let mut out = Vec::new();
         draw(&mut out, 3, &Tally::default(), &running, Instant::now(), 1);
         let line = String::from_utf8(out).unwrap();

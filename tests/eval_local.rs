@@ -306,7 +306,15 @@ fn json_mode_prints_only_json_lines() {
         .collect();
     assert_eq!(
         types,
-        ["run_started", "task_started", "task_finished", "summary"]
+        [
+            "run_started",
+            "task_started",
+            "task_phase",
+            "task_phase",
+            "task_phase",
+            "task_finished",
+            "summary"
+        ]
     );
 }
 
@@ -437,4 +445,40 @@ fn sandbox_tools_never_follow_a_symlink_out_of_the_sandbox() {
         assert!(!content.contains("TOP SECRET"), "{r}");
     }
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "untouched");
+}
+
+/// Off a terminal a run is never silent for long: a heartbeat names each running task, its
+/// phase and how long it has run, as a line, or with --json as an event.
+#[test]
+fn a_heartbeat_says_what_running_tasks_are_doing() {
+    let env = Env::new();
+    let tasks = env.write_tasks(&[task(
+        "slow-verify",
+        &format!(r#""verify": "sleep 4", "model_script": [{SUBMIT}]"#),
+    )]);
+    let o = env.eval(&tasks, &["--heartbeat", "1s"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let beats: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("running ") && l.contains("slow-verify (verify "))
+        .collect();
+    assert!(beats.len() >= 2, "{err}");
+    assert!(beats[0].contains("0/1 done · 1 task: slow-verify"), "{err}");
+
+    let env = Env::new();
+    let tasks = env.write_tasks(&[task(
+        "slow-verify",
+        &format!(r#""verify": "sleep 3", "model_script": [{SUBMIT}]"#),
+    )]);
+    let o = env.eval(&tasks, &["--heartbeat", "1s", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let beats: Vec<Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "heartbeat" && e["running"][0]["phase"] == "verify")
+        .collect();
+    assert!(!beats.is_empty(), "{}", text(&o));
+    assert_eq!(beats[0]["running"][0]["id"], "slow-verify");
+    assert_eq!(beats[0]["total"], 1);
 }

@@ -111,6 +111,10 @@ pub struct EvalArgs {
     /// Wall-clock budget of an episode, unless a task sets timeout_s (e.g. 300s, 10m).
     #[arg(long, default_value = "300s", value_parser = super::bounds::duration)]
     episode_timeout: Duration,
+    /// Off a terminal (and with --json, as events): a line this often saying what every
+    /// running task is doing.
+    #[arg(long, default_value = "30s", value_parser = super::bounds::duration)]
+    heartbeat: Duration,
     /// Time limit of one bash tool call.
     #[arg(long, default_value = "120s", value_parser = super::bounds::duration)]
     bash_timeout: Duration,
@@ -336,12 +340,13 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     } else {
         ReportMode::Lines
     };
+    let heartbeat = args.heartbeat.max(Duration::from_secs(1));
     let (tx, rx) = crossbeam_channel::unbounded();
     let control = Arc::new(RunControl::new(tx));
     install_ctrl_c(control.clone(), pool.clone())?;
     let reporter = std::thread::Builder::new()
         .name("reporter".into())
-        .spawn(move || report::run_reporter(mode, rx))
+        .spawn(move || report::run_reporter(mode, heartbeat, rx))
         .context("cannot start the reporter thread")?;
     let outcome = eval::run(&EvalRun {
         tasks: &plan.tasks,

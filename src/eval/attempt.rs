@@ -12,7 +12,7 @@ use super::results::{SandboxRecord, Status, TaskRecord};
 use super::sandbox_limits::within_limits;
 use super::verdict::{error_record, limit_record, outcome_record};
 use super::workspace::{error_text, prepare_workspace, SandboxFailure};
-use super::{scripts, verifier, EvalEvent, EvalRun, Harness};
+use super::{scripts, verifier, EvalEvent, EvalRun, Harness, Phase};
 use crate::cancel::CancelToken;
 use crate::environment::{self, Environment, SandboxEnvironment, WorldModelEnvironment};
 use crate::episode::{
@@ -26,11 +26,17 @@ use crate::terminal::escape;
 /// Runs `task` to its record, whatever its handling does: a panic (a bug here, or in a
 /// provider) ends this task as `error` with the panic's message instead of taking the run
 /// down with it.
-pub(super) fn run_task_to_record(run: &EvalRun<'_>, task: &Task, transcripts: &Path) -> TaskRecord {
+/// `k`: which of the task's attempts this is (from 1; `--attempts`).
+pub(super) fn run_task_to_record(
+    run: &EvalRun<'_>,
+    task: &Task,
+    k: u32,
+    transcripts: &Path,
+) -> TaskRecord {
     // Unwind safety: what a task shares with the rest of the run is behind poison-tolerant
     // locks (`sync::lock`) and atomics, and the sandbox it held is retired by `Held` as the
     // panic unwinds; nothing half-updated is read afterwards.
-    match catch_unwind(AssertUnwindSafe(|| run_task(run, task, transcripts))) {
+    match catch_unwind(AssertUnwindSafe(|| run_task(run, task, k, transcripts))) {
         Ok(record) => record,
         Err(payload) => {
             let why = escape(panic_message(payload.as_ref())).into_owned();
@@ -66,7 +72,7 @@ impl Drop for Held<'_> {
 }
 
 /// Runs `task` to its record.
-fn run_task(run: &EvalRun<'_>, task: &Task, transcripts: &Path) -> TaskRecord {
+fn run_task(run: &EvalRun<'_>, task: &Task, k: u32, transcripts: &Path) -> TaskRecord {
     if let Err(why) = scripts::harness_script(&run.harness, task) {
         return error_record(task, Status::Error, &Progress::default(), 1, why);
     }
@@ -78,7 +84,7 @@ fn run_task(run: &EvalRun<'_>, task: &Task, transcripts: &Path) -> TaskRecord {
     let mut record = loop {
         attempt += 1;
         transcript.note(&format!("attempt {attempt}"));
-        match run_attempt(run, task, &mut transcript, attempt, &carried) {
+        match run_attempt(run, task, k, &mut transcript, attempt, &carried) {
             Attempt::Done(record) => break *record,
             Attempt::Transport { reason, partial } => {
                 carried = partial;
@@ -107,6 +113,7 @@ fn run_task(run: &EvalRun<'_>, task: &Task, transcripts: &Path) -> TaskRecord {
 fn run_attempt(
     run: &EvalRun<'_>,
     task: &Task,
+    k: u32,
     transcript: &mut Transcript,
     attempt: u32,
     carried: &Progress,
@@ -159,7 +166,7 @@ fn run_attempt(
             };
         }
     }
-    let (result, healthy) = episode_in(run, task, transcript, attempt, warm, progress);
+    let (result, healthy) = episode_in(run, task, k, transcript, attempt, warm, progress);
     let healthy = healthy && (!locked || warm.sandbox.set_internet(true).is_ok());
     let sandbox = SandboxRecord {
         id: Some(warm.sandbox.id().to_string()),
@@ -189,6 +196,7 @@ fn task_locks_network(run: &EvalRun<'_>, task: &Task) -> bool {
 fn episode_in(
     run: &EvalRun<'_>,
     task: &Task,
+    k: u32,
     transcript: &mut Transcript,
     attempt: u32,
     warm: &mut Warm,
@@ -217,6 +225,7 @@ fn episode_in(
 
     // Workspace: task files, then setup (not in a simulated environment).
     if run.world_model.is_none() {
+        phase(run, task, k, Phase::Setup);
         if let Err(end) = prepare_workspace(task, &sandbox, &ws, wall, &progress, attempt) {
             return end;
         }
@@ -230,6 +239,7 @@ fn episode_in(
     }
 
     // The episode.
+    phase(run, task, k, Phase::Episode);
     let t_episode = Instant::now();
     let (result, hit) = within_limits(sandbox.as_ref(), run.control.cancel_token(), |cancel| {
         run_episode(run, task, transcript, warm, &ws, wall, cancel)
@@ -281,6 +291,7 @@ fn episode_in(
     let verify_timeout = task
         .verify_timeout_s
         .map_or(run.limits.verify_timeout, Duration::from_secs_f64);
+    phase(run, task, k, Phase::Verify);
     let verified = match verifier::verify(run, task, judged, warm, &ws, verify_timeout) {
         Ok(v) => v,
         Err(f) => return f.end(task, &progress, attempt),
@@ -378,4 +389,13 @@ fn upload_solution(
         sandbox.write_file(&path, content.as_bytes())?;
     }
     Ok(())
+}
+
+/// Tells the reporter where the task's attempt `k` is now.
+fn phase(run: &EvalRun<'_>, task: &Task, k: u32, phase: Phase) {
+    run.control.emit(EvalEvent::TaskPhase {
+        id: task.id.clone(),
+        attempt: k,
+        phase,
+    });
 }

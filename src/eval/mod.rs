@@ -110,6 +110,12 @@ pub enum EvalEvent {
         /// Which of the task's attempts (from 1).
         attempt: u32,
     },
+    /// A running task moved on to `phase`.
+    TaskPhase {
+        id: String,
+        attempt: u32,
+        phase: Phase,
+    },
     TaskRetrying {
         id: String,
         attempt: u32,
@@ -124,11 +130,51 @@ pub enum EvalEvent {
     },
     /// The user's first Ctrl-C: running tasks are being cancelled.
     Interrupted,
+    /// Said by the reporter itself at a fixed interval off a terminal: how far the run is
+    /// and what every running task is doing.
+    Heartbeat {
+        seconds: f64,
+        done: usize,
+        total: usize,
+        running: Vec<RunningTask>,
+    },
     /// The run is over; nothing follows.
     Summary {
         summary: Box<EvalSummary>,
         out_dir: PathBuf,
     },
+}
+
+/// Where a running task is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Getting a sandbox (from started until setup).
+    Sandbox,
+    Setup,
+    Episode,
+    Verify,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Sandbox => "sandbox",
+            Phase::Setup => "setup",
+            Phase::Episode => "episode",
+            Phase::Verify => "verify",
+        }
+    }
+}
+
+/// A running task in a heartbeat.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunningTask {
+    pub id: String,
+    pub attempt: u32,
+    pub phase: Phase,
+    /// Seconds since it started.
+    pub seconds: f64,
 }
 
 /// What runs inside the runner.
@@ -363,7 +409,7 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
         finish(
             task,
             work.attempt,
-            attempt::run_task_to_record(run, task, &transcripts),
+            attempt::run_task_to_record(run, task, work.attempt, &transcripts),
         );
     };
     let all_done = AtomicBool::new(false);
