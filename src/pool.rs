@@ -100,7 +100,8 @@ pub struct Warm {
 
 /// Sandboxes created and sandbox-seconds (create to proven kill, or to now while live), and
 /// how the resets between tasks went.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct PoolUsage {
     pub count: u64,
     pub seconds: f64,

@@ -128,7 +128,14 @@ fn resume_after_a_cut_runs_only_the_missing_attempts() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let summary = summary_of(&o.stdout);
     assert_eq!(summary["skipped"], 5, "{summary}");
-    assert_eq!(summary["total"], 7, "{summary}");
+    // The whole run's attempts, and this invocation's share of them.
+    assert_eq!(summary["total"], 12, "{summary}");
+    let this = &summary["invocations"][1];
+    assert_eq!(
+        (&this["total"], &this["skipped"]),
+        (&json!(7), &json!(5)),
+        "{summary}"
+    );
     let text_after = std::fs::read_to_string(&path).unwrap();
     let after: Vec<Value> = text_after
         .lines()
@@ -166,7 +173,28 @@ fn raising_k_on_resume_runs_only_the_new_attempts() {
     // Nothing is missing now: another resume runs nothing.
     let o = env.eval(&tasks, &["--resume", "--attempts", "3", "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert_eq!(summary_of(&o.stdout)["total"], 0);
+    let summary = summary_of(&o.stdout);
+    let runs = summary["invocations"].as_array().unwrap();
+    assert_eq!(runs.len(), 3, "{summary}");
+    assert_eq!(runs[2]["total"], 0, "{summary}");
+    // The summary still describes the whole run, not the invocation that ran nothing.
+    assert_eq!(
+        (&summary["total"], &summary["passed"]),
+        (&json!(6), &json!(6)),
+        "{summary}"
+    );
+    let wall: f64 = runs
+        .iter()
+        .map(|r| r["wall_seconds"].as_f64().unwrap())
+        .sum();
+    assert!(
+        (summary["wall_seconds"].as_f64().unwrap() - wall).abs() < 1e-6,
+        "{summary}"
+    );
+    assert!(
+        summary["sandboxes"]["count"].as_u64().unwrap() >= 2,
+        "{summary}"
+    );
     assert_eq!(env.results().len(), 6);
 }
 

@@ -318,6 +318,7 @@ pub fn run(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
 
 fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     let started = Instant::now();
+    let started_at = std::time::SystemTime::now();
     let transcripts = run.out_dir.join("transcripts");
     for attempt in 1..=run.attempts.per_task() {
         let dir = transcripts_of(&transcripts, attempt);
@@ -453,6 +454,13 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     summary.fatal = control.fatal();
     summary.interrupted = control.interrupted();
     summary.wall_seconds = started.elapsed().as_secs_f64();
+    // The whole run across its invocations; what this one alone did is its last entry.
+    let began = humantime::format_rfc3339_seconds(started_at).to_string();
+    if let Err(e) = summary.span_run(run.out_dir, began) {
+        // This invocation's figures stand, and the summary says why they are not the run's.
+        let why = format!("cannot add up the whole run: {}", error_chain(&e));
+        summary.fatal.get_or_insert(why);
+    }
     // Shown even when it cannot be saved: the summary is how a run that stopped says why.
     let saved = summary.write(run.out_dir);
     control.emit(EvalEvent::Summary {

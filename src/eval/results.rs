@@ -27,6 +27,19 @@ pub enum Status {
 }
 
 impl Status {
+    /// The status a record names (`as_str`'s inverse).
+    pub fn parse(name: &str) -> Option<Status> {
+        [
+            Status::Passed,
+            Status::Failed,
+            Status::Error,
+            Status::Cancelled,
+            Status::Skipped,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Passed => "passed",
@@ -210,9 +223,16 @@ const MAX_LINE_BYTES: usize = 16 << 20;
 /// multibyte character) or otherwise unreadable is counted and skipped, never fatal.
 pub fn finished_ids(path: &Path) -> Result<Finished, ResultsError> {
     let mut done = Finished::default();
+    each_line(path, |line, overlong| done.take(line, overlong))?;
+    Ok(done)
+}
+
+/// Calls `f` with every line of the results file at `path` (none when there is no file),
+/// and whether it was longer than a record may be (then its bytes are not kept).
+pub(super) fn each_line(path: &Path, mut f: impl FnMut(&[u8], bool)) -> Result<(), ResultsError> {
     let file = match File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(done),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(source) => {
             return Err(ResultsError::Open {
                 path: path.to_path_buf(),
@@ -235,9 +255,9 @@ pub fn finished_ids(path: &Path) -> Result<Finished, ResultsError> {
         };
         if buf.is_empty() {
             if overlong || !line.is_empty() {
-                done.take(&line, overlong);
+                f(&line, overlong);
             }
-            return Ok(done);
+            return Ok(());
         }
         let (chunk, used, ends) = match memchr::memchr(b'\n', buf) {
             Some(i) => (&buf[..i], i + 1, true),
@@ -253,7 +273,7 @@ pub fn finished_ids(path: &Path) -> Result<Finished, ResultsError> {
         }
         reader.consume(used);
         if ends {
-            done.take(&line, overlong);
+            f(&line, overlong);
             line.clear();
             overlong = false;
         }
@@ -291,7 +311,7 @@ impl Finished {
 
 /// The record's attempt: absent (written before attempts existed) is the first; a number
 /// outside 1..=[`MAX_ATTEMPTS`] is no attempt any run makes, so the line is unreadable.
-fn attempt_of(record: &serde_json::Value) -> Option<u32> {
+pub(super) fn attempt_of(record: &serde_json::Value) -> Option<u32> {
     match record.get("attempt") {
         None => Some(FIRST_ATTEMPT),
         Some(a) => a

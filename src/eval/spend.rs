@@ -194,7 +194,7 @@ pub struct Caps {
 }
 
 /// Which cap stopped a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Cap {
     Cost,
@@ -213,7 +213,8 @@ impl Cap {
 }
 
 /// What a run has spent, per dimension (`cost_usd` only with prices).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Spend {
     pub tokens: u64,
     pub sandbox_seconds: f64,
