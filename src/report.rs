@@ -372,16 +372,14 @@ pub fn summary_table(records: &[TaskRecord], summary: &EvalSummary) -> String {
     if summary.not_run > 0 {
         out.push_str(&format!(", {} not run", summary.not_run));
     }
-    if summary.skipped > 0 {
+    if summary.already_finished > 0 {
         let what = if summary.attempts > 1 {
-            " attempts"
+            "attempt"
         } else {
-            ""
+            "task"
         };
-        out.push_str(&format!(
-            " ({}{what} skipped as already finished)",
-            summary.skipped
-        ));
+        let n = plural(summary.already_finished as u64, what);
+        out.push_str(&format!(" ({n} already finished, not run again)"));
     }
     out.push_str(&format!(
         "\n{:.1}s wall · {}, {:.1} sandbox-seconds · {} model calls, {} input + {} output tokens · retries: {} transport, {} provider\n",

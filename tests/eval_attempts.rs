@@ -127,12 +127,12 @@ fn resume_after_a_cut_runs_only_the_missing_attempts() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let summary = summary_of(&o.stdout);
-    assert_eq!(summary["skipped"], 5, "{summary}");
+    assert_eq!(summary["already_finished"], 5, "{summary}");
     // The whole run's attempts, and this invocation's share of them.
     assert_eq!(summary["total"], 12, "{summary}");
     let this = &summary["invocations"][1];
     assert_eq!(
-        (&this["total"], &this["skipped"]),
+        (&this["total"], &this["already_finished"]),
         (&json!(7), &json!(5)),
         "{summary}"
     );
@@ -160,7 +160,7 @@ fn raising_k_on_resume_runs_only_the_new_attempts() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
-        stdout.contains("2 tasks × 3 attempts") && stdout.contains("(2 attempts skipped"),
+        stdout.contains("2 tasks × 3 attempts") && stdout.contains("(2 attempts already finished"),
         "{stdout}"
     );
     let after = env.results();

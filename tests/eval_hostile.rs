@@ -168,7 +168,7 @@ fn a_task_whose_handling_panics_ends_as_error_its_sandbox_killed_and_the_run_goe
     let (tx, events) = crossbeam_channel::unbounded();
     let summary = eval::run(&EvalRun {
         tasks: &plan.tasks,
-        skipped: 0,
+        already_finished: 0,
         attempts: &plan.attempts,
         out_dir: &plan.out_dir,
         // One worker: `c` runs after `boom`, so the pool it sees is what `boom` left.

@@ -280,7 +280,7 @@ fn resume_and_shards() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(last["type"], "summary");
-    assert_eq!(last["summary"]["skipped"], first.len());
+    assert_eq!(last["summary"]["already_finished"], first.len());
 
     let o = env.run(&["eval", "--tasks", tasks.to_str().unwrap(), "--resume"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));

@@ -350,7 +350,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         .context("cannot start the reporter thread")?;
     let outcome = eval::run(&EvalRun {
         tasks: &plan.tasks,
-        skipped: plan.skipped,
+        already_finished: plan.already_finished,
         attempts: &plan.attempts,
         out_dir: &plan.out_dir,
         jobs: usize::from(args.jobs),

@@ -99,7 +99,7 @@ pub enum EvalEvent {
     RunStarted {
         /// Attempts to run (tasks, with one attempt each).
         total: usize,
-        skipped: usize,
+        already_finished: usize,
         /// Attempts of each task (`--attempts`).
         attempts: u32,
         jobs: usize,
@@ -259,7 +259,7 @@ pub struct EvalRun<'a> {
     /// The selected tasks, as places in the checked tasks file: each is read when it runs.
     pub tasks: &'a TaskList,
     /// Attempts an earlier run finished (`--resume`), not run again.
-    pub skipped: usize,
+    pub already_finished: usize,
     /// How many attempts each task gets, and which are already finished.
     pub attempts: &'a AttemptPlan,
     pub out_dir: &'a Path,
@@ -329,7 +329,7 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
     let pending = run.attempts.pending(run.tasks);
     control.emit(EvalEvent::RunStarted {
         total: pending,
-        skipped: run.skipped,
+        already_finished: run.already_finished,
         attempts: run.attempts.per_task(),
         jobs: run.jobs,
         out_dir: run.out_dir.to_path_buf(),
@@ -346,7 +346,7 @@ fn run_all(run: &EvalRun<'_>) -> Result<EvalSummary, EvalError> {
         total: pending,
         tasks: run.tasks.len(),
         attempts: run.attempts.per_task(),
-        skipped: run.skipped,
+        already_finished: run.already_finished,
         caps: run.spend.caps,
         provenance: Some(run.provenance.clone()),
         ..EvalSummary::default()

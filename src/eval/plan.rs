@@ -45,7 +45,7 @@ pub struct EvalPlan {
     /// Tasks with an attempt still to run.
     pub tasks: TaskList,
     /// Attempts left out because an earlier run finished them.
-    pub skipped: usize,
+    pub already_finished: usize,
     /// How many attempts each task gets, and which an earlier run finished.
     pub attempts: AttemptPlan,
     /// Lines of the earlier results that were unreadable (their tasks run again).
@@ -184,14 +184,14 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
         (FinishedAttempts::new(), 0, None)
     };
     let attempts = AttemptPlan::new(opts.attempts, done);
-    let mut skipped = 0;
+    let mut already_finished = 0;
     tasks.retain(|t| {
-        skipped += attempts.finished_count(&t.id);
+        already_finished += attempts.finished_count(&t.id);
         attempts.missing(&t.id).next().is_some()
     });
     Ok(EvalPlan {
         tasks,
-        skipped,
+        already_finished,
         attempts,
         unreadable_results,
         resumed_provenance,

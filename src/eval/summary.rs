@@ -44,14 +44,14 @@ impl Tally {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct EvalSummary {
     /// Attempts of the whole run: those this invocation was to make and those it found
-    /// finished (`skipped`).
+    /// finished (`already_finished`).
     pub total: usize,
     /// Tasks with an attempt to make.
     pub tasks: usize,
     /// Attempts of each task (`--attempts`).
     pub attempts: u32,
     /// Attempts an earlier invocation finished (`--resume`), which this one did not run.
-    pub skipped: usize,
+    pub already_finished: usize,
     #[serde(flatten)]
     pub tally: Tally,
     /// Tasks never started (Ctrl-C or a fatal problem stopped scheduling).
@@ -91,9 +91,9 @@ pub struct EvalSummary {
 pub struct Invocation {
     /// When it started (RFC 3339, UTC); empty for one recorded before invocations were.
     pub started: String,
-    /// Attempts it was to make, and those it found finished by an earlier one.
+    /// Attempts it was to make, and those it found finished by an earlier one (not run).
     pub total: usize,
-    pub skipped: usize,
+    pub already_finished: usize,
     pub wall_seconds: f64,
     /// The attempts it ran to a record.
     #[serde(flatten)]
@@ -140,7 +140,7 @@ impl EvalSummary {
         invocations.push(Invocation {
             started,
             total: self.total,
-            skipped: self.skipped,
+            already_finished: self.already_finished,
             wall_seconds: self.wall_seconds,
             tally: self.tally,
             sandboxes: self.sandboxes.clone(),
@@ -150,7 +150,7 @@ impl EvalSummary {
             fatal: self.fatal.clone(),
         });
         let whole = WholeRun::read(&out_dir.join("results.jsonl"))?;
-        self.total += self.skipped;
+        self.total += self.already_finished;
         self.tally = whole.tally;
         self.tokens = whole.tokens;
         self.transport_retries = whole.transport_retries;
