@@ -165,6 +165,12 @@ fn a_hard_cap_cancels_running_tasks() {
     for r in results.iter().filter(|r| r["status"] == "cancelled") {
         let error = r["error"].as_str().unwrap_or_default();
         assert!(error.contains("--max-sandbox-seconds"), "{r}");
+        // Cancelled at the cap, two sandbox-seconds in, not at some later check.
+        let episode = r["timings"]["episode"].as_f64().unwrap();
+        assert!(
+            episode < 10.0,
+            "cancelled {episode} s into its episode: {r}"
+        );
     }
     for r in results.iter().filter(|r| r["status"] == "skipped") {
         assert!(r["error"].as_str().is_some_and(|e| !e.is_empty()), "{r}");

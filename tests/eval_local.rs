@@ -236,6 +236,12 @@ fn a_hanging_verify_is_bounded_by_the_task_verify_timeout() {
     let r = env.result("hang");
     assert_eq!(r["status"], "failed", "{r}");
     assert_eq!(r["verify"]["timed_out"], true, "{r}");
+    // Bounded by its 2 s (and the kill's grace), not by something far longer.
+    let verify = r["timings"]["verify"].as_f64().unwrap();
+    assert!(
+        verify < 10.0,
+        "verify took {verify} s under a 2 s bound: {r}"
+    );
 }
 
 #[test]
@@ -372,12 +378,18 @@ fn a_setup_ending_in_ampersand_backgrounds_only_itself() {
     let tasks = env.write_tasks(&[task(
         "bg",
         &format!(
-            r#""setup": "sleep 1 &", "verify": "test \"$(cat seen.txt)\" = here", "model_script": [{{"tool_calls": [{{"name": "bash", "arguments": {{"command": "echo here > seen.txt"}}}}]}}, {SUBMIT}]"#
+            r#""setup": "sleep 40 &", "verify": "test \"$(cat seen.txt)\" = here", "model_script": [{{"tool_calls": [{{"name": "bash", "arguments": {{"command": "echo here > seen.txt"}}}}]}}, {SUBMIT}]"#
         ),
     )]);
+    let t0 = Instant::now();
     let o = env.eval(&tasks, &[]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(env.result("bg")["status"], "passed");
+    // The setup returned without waiting for what it backgrounded.
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "the setup waited for its `&`"
+    );
 }
 
 #[test]

@@ -80,3 +80,28 @@ fn resume_refuses_results_of_another_harness_unless_mixing_is_asked_for() {
     let digest = env.result("b")["provenance"]["harness_digest"].clone();
     assert!(digest.as_str().unwrap().starts_with("sha256:"), "{digest}");
 }
+
+/// An edited harness is another harness: resuming with it is refused, naming its digest,
+/// unless `--allow-mixed`.
+#[test]
+fn resume_refuses_an_edited_harness() {
+    let env = Env::new();
+    let harness = env.path("harness");
+    std::fs::create_dir_all(&harness).unwrap();
+    let agent = |answer: &str| {
+        let code = format!("export async function runEpisode(ctx) {{ ctx.submit({answer:?}); }}\n");
+        std::fs::write(harness.join("agent.mjs"), code).unwrap();
+    };
+    agent("first");
+    let h = harness.to_str().unwrap();
+    let one = [task("a", "")];
+    let o = env.eval(&env.write_tasks(&one), &["--harness", h]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    agent("edited");
+    let two = [task("a", ""), task("b", "")];
+    let o = env.eval(&env.write_tasks(&two), &["--resume", "--harness", h]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("harness_digest"), "{err}");
+    assert_eq!(env.results().len(), 1);
+}
