@@ -36,7 +36,7 @@ pub enum ProjectCommand {
         /// How long the sandbox stays up after the last project command before --on-idle
         /// applies (with `kill`, its whole lifetime; a later command then replaces it from
         /// the mirror).
-        #[arg(long, default_value = "6h", value_parser = super::bounds::duration)]
+        #[arg(long, default_value = "1h", value_parser = super::bounds::duration)]
         timeout: Duration,
         /// What the idle sandbox does: `pause` keeps memory and files (processes continue on
         /// the next command), `pause-filesystem` keeps the files only, `kill` ends it.

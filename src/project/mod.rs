@@ -22,7 +22,9 @@ pub use handle::Project;
 
 /// The project workspace, relative to the sandbox's home.
 pub const WORKSPACE_DIR: &str = "project";
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
+/// A project sandbox's idle window: E2B's Hobby plan allows sandboxes of at most an hour (Pro:
+/// 24 h), so the default fits every plan; a longer one is the user's choice.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Output an `exec` returns, stdout and stderr together, as head + tail.
 pub const MAX_EXEC_OUTPUT: usize = 32 * 1024;
 /// After the polite TERM at the exec timeout, how long before KILL.

@@ -37,7 +37,7 @@ pub struct RunArgs {
     /// Project paths the agent may write (repeatable); without it every path is writable.
     #[arg(long, value_name = "PATH")]
     writable: Vec<String>,
-    #[arg(long, default_value = "6h", value_parser = super::super::bounds::duration)]
+    #[arg(long, default_value = "1h", value_parser = super::super::bounds::duration)]
     timeout: Duration,
     /// A directory of skills (`<name>.md` files with `name` and `description` front
     /// matter): the system prompt lists them and the agent reads one with `read_skill`.
