@@ -79,6 +79,10 @@ pub(super) struct NetworkState {
     pub internet: bool,
     pub allow_out: Vec<String>,
     pub deny_out: Vec<String>,
+    /// What the sandbox was asked for, as the API reports it back: `allow_internet_access`
+    /// and `network` as given, null where they were not.
+    pub asked_internet: Option<bool>,
+    pub asked_network: bool,
 }
 
 #[derive(Default)]

@@ -266,6 +266,8 @@ pub(super) fn egress(
         internet: !deny_all,
         allow_out,
         deny_out,
+        asked_internet: allow_internet,
+        asked_network: network.is_some(),
     })
 }
 

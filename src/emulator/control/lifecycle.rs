@@ -20,8 +20,12 @@ pub(super) fn detail(shared: &Shared, id: &str) -> Answer {
     let mut v = listed_json(&e, state);
     let net = lock(&e.network).clone();
     v["domain"] = Value::Null;
-    v["allowInternetAccess"] = json!(net.internet);
-    v["network"] = json!({"allowOut": net.allow_out, "denyOut": net.deny_out});
+    // As the API answers: what was asked, null where nothing was.
+    v["allowInternetAccess"] = json!(net.asked_internet);
+    v["network"] = match net.asked_network {
+        true => json!({"allowOut": net.allow_out, "denyOut": net.deny_out}),
+        false => Value::Null,
+    };
     let on_timeout = if e.lifecycle.pause.is_some() {
         "pause"
     } else {
@@ -38,6 +42,10 @@ pub(super) fn detail(shared: &Shared, id: &str) -> Answer {
 /// one is resumed with it (201), rebooted when v2's `memory` is false.
 pub(super) fn connect(shared: &Shared, req: &Request, id: &str, v2: bool) -> Answer {
     let body = body_object(req)?;
+    // v1's body requires it (the spec's `ConnectSandbox`); v2's is optional.
+    if !v2 && !body.contains_key("timeout") {
+        return Err(Response::error(400, "timeout is required"));
+    }
     let secs = timeout_secs(int_of(&body, "timeout")?, V2_DEFAULT_TIMEOUT)?;
     let memory = if v2 { bool_of(&body, "memory")? } else { None };
     let how = match memory {

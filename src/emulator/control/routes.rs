@@ -47,6 +47,8 @@ fn route(shared: &Shared, req: &Request) -> Answer {
             limited(shared, Call::List).and_then(|()| list_v2(shared, req))
         }
         ("GET", ["_emulator", "stats"]) => stats(shared),
+        // The API's metrics of all sandboxes, not a sandbox named "metrics".
+        ("GET", ["sandboxes", "metrics"]) => Err(route_not_found(req)),
         (_, ["sandboxes", raw, rest @ ..]) | (_, ["v2", "sandboxes", raw, rest @ ..]) => {
             let v2 = segments[0] == "v2";
             let id = sandbox_id(raw)?;

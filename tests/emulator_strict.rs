@@ -1,0 +1,58 @@
+//! The emulator as strict as the API it stands for, where a looser answer would hide a
+//! client's bug: a v1 connect needs its timeout, a sandbox reports the egress it was asked
+//! for (null where nothing was asked), and `/sandboxes/metrics` names no sandbox.
+
+mod support;
+
+use serde_json::json;
+use support::emulator::*;
+
+#[test]
+fn a_v1_connect_without_its_timeout_is_refused() {
+    let emu = start();
+    let sbx = emu.create(json!({"templateID": "base", "timeout": 30}));
+    let id = sbx["sandboxID"].as_str().unwrap();
+    let v1 = format!("/sandboxes/{id}/connect");
+    assert_eq!(emu.api("POST", &v1, Some(json!({}))).status, 400);
+    assert_eq!(
+        emu.api("POST", &v1, Some(json!({"timeout": 60}))).status,
+        200
+    );
+    // v2's body may leave it out.
+    let v2 = format!("/v2/sandboxes/{id}/connect");
+    assert_eq!(emu.api("POST", &v2, Some(json!({}))).status, 200);
+}
+
+#[test]
+fn a_sandbox_reports_the_egress_it_was_asked_for() {
+    let emu = start();
+    let detail = |sbx: &serde_json::Value| {
+        let id = sbx["sandboxID"].as_str().unwrap();
+        emu.api("GET", &format!("/sandboxes/{id}"), None).json()
+    };
+    let plain = detail(&emu.create(json!({"templateID": "base", "timeout": 30})));
+    assert!(plain["allowInternetAccess"].is_null(), "{plain}");
+    assert!(plain["network"].is_null(), "{plain}");
+    let locked = detail(
+        &emu.create(json!({"templateID": "base", "timeout": 30, "allow_internet_access": false})),
+    );
+    assert_eq!(locked["allowInternetAccess"], false, "{locked}");
+    let denied = detail(&emu.create(json!({
+        "templateID": "base", "timeout": 30, "network": {"denyOut": ["0.0.0.0/0"]}
+    })));
+    assert_eq!(
+        denied["network"]["denyOut"],
+        json!(["0.0.0.0/0"]),
+        "{denied}"
+    );
+    assert!(denied["allowInternetAccess"].is_null(), "{denied}");
+}
+
+#[test]
+fn sandbox_metrics_name_no_sandbox() {
+    let emu = start();
+    let r = emu.api("GET", "/sandboxes/metrics", None);
+    assert_eq!(r.status, 404);
+    let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("not served"), "{message}");
+}
