@@ -31,8 +31,13 @@ fn a_sandbox_reports_the_egress_it_was_asked_for() {
         emu.api("GET", &format!("/sandboxes/{id}"), None).json()
     };
     let plain = detail(&emu.create(json!({"templateID": "base", "timeout": 30})));
-    assert!(plain["allowInternetAccess"].is_null(), "{plain}");
-    assert!(plain["network"].is_null(), "{plain}");
+    // Present and null; `network` absent, since the SDK parses a present one as an object.
+    assert_eq!(
+        plain.get("allowInternetAccess"),
+        Some(&serde_json::Value::Null),
+        "{plain}"
+    );
+    assert!(plain.get("network").is_none(), "{plain}");
     let locked = detail(
         &emu.create(json!({"templateID": "base", "timeout": 30, "allow_internet_access": false})),
     );
@@ -46,6 +51,16 @@ fn a_sandbox_reports_the_egress_it_was_asked_for() {
         "{denied}"
     );
     assert!(denied["allowInternetAccess"].is_null(), "{denied}");
+    // An update replaces the whole egress config: internet access is then decided.
+    let id = denied["sandboxID"].as_str().unwrap();
+    let update = json!({"denyOut": ["0.0.0.0/0"]});
+    assert_eq!(
+        emu.api("PUT", &format!("/sandboxes/{id}/network"), Some(update))
+            .status,
+        204
+    );
+    let updated = detail(&denied);
+    assert_eq!(updated["allowInternetAccess"], false, "{updated}");
 }
 
 #[test]

@@ -20,12 +20,12 @@ pub(super) fn detail(shared: &Shared, id: &str) -> Answer {
     let mut v = listed_json(&e, state);
     let net = lock(&e.network).clone();
     v["domain"] = Value::Null;
-    // As the API answers: what was asked, null where nothing was.
+    // As the API answers: what was asked; `allowInternetAccess` is null where nothing was,
+    // and `network` is left out (the SDK parses a present `network` as an object).
     v["allowInternetAccess"] = json!(net.asked_internet);
-    v["network"] = match net.asked_network {
-        true => json!({"allowOut": net.allow_out, "denyOut": net.deny_out}),
-        false => Value::Null,
-    };
+    if net.asked_network {
+        v["network"] = json!({"allowOut": net.allow_out, "denyOut": net.deny_out});
+    }
     let on_timeout = if e.lifecycle.pause.is_some() {
         "pause"
     } else {
@@ -182,7 +182,10 @@ pub(super) fn network(shared: &Shared, req: &Request, id: &str) -> Answer {
     let body = body_object(req)?;
     let allow = bool_of(&body, "allow_internet_access")?;
     // The update body is the network object itself.
-    let net = egress(allow, Some(&Value::Object(body)))?;
+    let mut net = egress(allow, Some(&Value::Object(body)))?;
+    // An update replaces the whole egress config, so afterwards internet access is decided
+    // either way, not merely unasked.
+    net.asked_internet = Some(net.internet);
     let e = running(shared, id)?;
     e.sandbox
         .set_internet(net.internet)
