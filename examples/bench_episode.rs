@@ -243,6 +243,7 @@ fn config(system: String, files: Map<String, Value>) -> EpisodeConfig {
         max_turns: 20,
         max_tool_actions: 40,
         max_output_tokens: 4096,
+        budget: Default::default(),
         temperature: None,
         wall: Duration::from_secs(300),
         skills: None,

@@ -184,6 +184,7 @@ fn a_task_whose_handling_panics_ends_as_error_its_sandbox_killed_and_the_run_goe
             caps: Caps::default(),
             prices: None,
             meter: Arc::new(UsageMeter::default()),
+            per_task: Default::default(),
         },
         provenance: provenance(),
         verifier: Default::default(),

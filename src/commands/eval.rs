@@ -264,6 +264,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         .into());
     }
     let spend = super::eval_spend::spend_plan(&args.caps, args.backend, &args.model)?;
+    super::eval_spend::check_task_costs(&spend, &plan.tasks)?;
     // Every model call goes through the run's meter, so caps see running tasks' tokens.
     let metered = |p: Arc<dyn Provider>| -> Arc<dyn Provider> {
         Arc::new(Metered {

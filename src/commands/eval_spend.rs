@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use wmo_e2b::eval::spend::{self, Caps, PriceError, PriceOptions};
-use wmo_e2b::eval::SpendPlan;
+use wmo_e2b::eval::{SpendPlan, TaskLimits, UnpricedCost};
+use wmo_e2b::task::TaskList;
 
 use super::{BackendKind, UsageError};
 
@@ -21,6 +22,14 @@ pub struct CapArgs {
     /// Stop starting tasks before the run's sandbox-seconds could pass S.
     #[arg(long, value_name = "S", value_parser = super::bounds::amount)]
     max_sandbox_seconds: Option<f64>,
+    /// End a task's episode before a model call once the task has used N tokens (input +
+    /// output), unless the task sets max_tokens.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    task_max_tokens: Option<u64>,
+    /// End a task's episode before a model call once the task has spent USD on the model,
+    /// unless the task sets max_cost_usd (needs prices).
+    #[arg(long, value_name = "USD", value_parser = super::bounds::amount)]
+    task_max_cost: Option<f64>,
     /// At a cap, cancel the running tasks too instead of letting them finish.
     #[arg(long)]
     max_cost_hard: bool,
@@ -82,5 +91,28 @@ pub fn spend_plan(c: &CapArgs, backend: BackendKind, model: &str) -> Result<Spen
         caps,
         prices,
         meter: Arc::default(),
+        per_task: TaskLimits {
+            tokens: c.task_max_tokens,
+            cost_usd: c.task_max_cost,
+        },
     })
+}
+
+/// A cost limit, the run's or a task's, with no prices to count it in is a usage error.
+pub fn check_task_costs(plan: &SpendPlan, tasks: &TaskList) -> Result<()> {
+    const HOW: &str =
+        "give --prices FILE, or --price-in and --price-out (dollars per million tokens)";
+    match plan.unpriced_cost_limit(tasks) {
+        None => Ok(()),
+        Some(UnpricedCost::Flag) => {
+            Err(UsageError(format!("--task-max-cost needs prices: {HOW}")).into())
+        }
+        Some(UnpricedCost::Task(entry)) => Err(UsageError(format!(
+            "{}:{}: task {:?}: field `max_cost_usd` needs prices: {HOW}",
+            tasks.path().display(),
+            entry.line,
+            entry.id
+        ))
+        .into()),
+    }
 }

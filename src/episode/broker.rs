@@ -233,6 +233,16 @@ impl<'a, 'b> Broker<'a, 'b> {
                 false,
             )));
         }
+        if let Some(note) = self.ep.config.budget.reached(self.counters.tokens) {
+            // Like a spend cap, the limit ends the episode rather than the call: the runner
+            // is not answered and so may still be mid-turn.
+            return Ok(Step::End(self.outcome(
+                StopReason::Budget,
+                String::new(),
+                Some(note),
+                false,
+            )));
+        }
         let empty = Value::Object(Map::new());
         let body = frame
             .get("openai_body")

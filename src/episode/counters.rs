@@ -24,22 +24,82 @@ pub struct TokenMeter {
 
 impl TokenMeter {
     /// One model call's usage.
+    /// Saturating: the figures come from a model API, which may say anything.
     pub fn add_call(&mut self, u: Usage) {
-        self.input += u.input_tokens;
-        self.output += u.output_tokens;
-        self.cached_input += u.cached_input_tokens;
-        self.reasoning += u.reasoning_tokens;
-        self.calls += 1;
+        *self += TokenMeter {
+            input: u.input_tokens,
+            output: u.output_tokens,
+            cached_input: u.cached_input_tokens,
+            reasoning: u.reasoning_tokens,
+            calls: 1,
+        };
     }
 }
 
 impl AddAssign for TokenMeter {
     fn add_assign(&mut self, other: TokenMeter) {
-        self.input += other.input;
-        self.output += other.output;
-        self.cached_input += other.cached_input;
-        self.reasoning += other.reasoning;
-        self.calls += other.calls;
+        self.input = self.input.saturating_add(other.input);
+        self.output = self.output.saturating_add(other.output);
+        self.cached_input = self.cached_input.saturating_add(other.cached_input);
+        self.reasoning = self.reasoning.saturating_add(other.reasoning);
+        self.calls = self.calls.saturating_add(other.calls);
+    }
+}
+
+/// Dollars per million tokens of one model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    pub input: f64,
+    pub output: f64,
+    /// Input tokens the API served from its cache, where it reports them (default: `input`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input: Option<f64>,
+}
+
+impl ModelPrice {
+    /// Dollars for `tokens`; cached input tokens (a part of `input`) are priced at
+    /// `cached_input` where it is known.
+    pub fn dollars(&self, tokens: &TokenMeter) -> f64 {
+        let cached = tokens.cached_input.min(tokens.input);
+        let fresh = tokens.input - cached;
+        (fresh as f64 * self.input
+            + cached as f64 * self.cached_input.unwrap_or(self.input)
+            + tokens.output as f64 * self.output)
+            / 1e6
+    }
+}
+
+/// What one attempt of a task may spend on the model (the task's `max_tokens` and
+/// `max_cost_usd`), checked before each model call: the call that would start at or past a
+/// limit is not made. One call may carry the spend past a limit; the next is then refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ModelBudget {
+    /// Tokens, input and output, the task may use.
+    pub tokens: Option<u64>,
+    /// Dollars the task may spend, and the prices they are counted in.
+    pub cost_usd: Option<(f64, ModelPrice)>,
+    /// What the attempt's earlier episodes used (lost to a transport failure): the limits
+    /// are the attempt's, not one episode's.
+    pub spent_before: TokenMeter,
+}
+
+impl ModelBudget {
+    /// Which limit `used` (this attempt's tokens) has reached, said for the record; `None`
+    /// while under every one.
+    pub fn reached(&self, used: TokenMeter) -> Option<String> {
+        let mut all = self.spent_before;
+        all += used;
+        let tokens = all.input.saturating_add(all.output);
+        if let Some(limit) = self.tokens.filter(|&l| tokens >= l) {
+            return Some(format!(
+                "the task's token limit was reached: {tokens} of {limit} tokens used"
+            ));
+        }
+        let (limit, price) = self.cost_usd?;
+        let spent = price.dollars(&all);
+        (spent >= limit)
+            .then(|| format!("the task's cost limit was reached: ${spent:.4} of ${limit} spent"))
     }
 }
 
@@ -99,6 +159,53 @@ mod tests {
                 provider_retries: 10,
             }
         );
+    }
+
+    #[test]
+    fn a_budget_is_reached_at_its_limit_counting_what_came_before() {
+        let used = |input, output| TokenMeter {
+            input,
+            output,
+            calls: 1,
+            ..TokenMeter::default()
+        };
+        let tokens = ModelBudget {
+            tokens: Some(100),
+            spent_before: used(30, 10),
+            ..ModelBudget::default()
+        };
+        assert_eq!(tokens.reached(used(50, 9)), None);
+        assert_eq!(
+            tokens.reached(used(50, 10)).as_deref(),
+            Some("the task's token limit was reached: 100 of 100 tokens used")
+        );
+        // A dollar per million input tokens, half that when cached, two per million output.
+        let price = ModelPrice {
+            input: 1.0,
+            output: 2.0,
+            cached_input: Some(0.5),
+        };
+        let cost = ModelBudget {
+            cost_usd: Some((3.0, price)),
+            ..ModelBudget::default()
+        };
+        let mut meter = used(1_000_000, 500_000);
+        meter.cached_input = 1_000_000;
+        assert_eq!(price.dollars(&meter), 1.5);
+        assert_eq!(cost.reached(meter), None);
+        meter.output = 1_250_000;
+        assert_eq!(
+            cost.reached(meter).as_deref(),
+            Some("the task's cost limit was reached: $3.0000 of $3 spent")
+        );
+        assert_eq!(
+            ModelBudget::default().reached(used(u64::MAX, u64::MAX)),
+            None
+        );
+        // An API that claims every token there is reaches the limit; it does not overflow.
+        let mut huge = used(u64::MAX, u64::MAX);
+        huge += huge;
+        assert!(tokens.reached(huge).is_some());
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::environment::{EnvError, Environment};
 use crate::provider::Provider;
 use crate::skills::SkillSet;
 use crate::task::ScriptStep;
-pub use counters::{Counters, TokenMeter};
+pub use counters::{Counters, ModelBudget, ModelPrice, TokenMeter};
 pub use transcript::Transcript;
 
 /// How often a blocked receive wakes to look at cancellation.
@@ -48,7 +48,8 @@ pub enum StopReason {
     UnparsedToolCall,
     MaxTurns,
     ProviderError,
-    /// A spend cap kept the task from starting (see `eval::verdict`).
+    /// A spend cap kept the task from starting (see `eval::verdict`), or the task's own
+    /// token or cost limit ([`ModelBudget`]) ended its episode before a model call.
     Budget,
     /// The episode reached its wall deadline (`timeout_s`); the call running then was
     /// cancelled.
@@ -141,6 +142,8 @@ pub struct EpisodeConfig {
     pub max_turns: u32,
     pub max_tool_actions: u32,
     pub max_output_tokens: u32,
+    /// The task's own token and cost limits.
+    pub budget: ModelBudget,
     pub temperature: Option<f64>,
     /// Wall-clock budget of the conversation.
     pub wall: Duration,

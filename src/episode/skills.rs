@@ -93,6 +93,7 @@ mod tests {
             max_turns: 1,
             max_tool_actions: 1,
             max_output_tokens: 1,
+            budget: Default::default(),
             temperature: None,
             wall: std::time::Duration::from_secs(1),
             skills: None,

@@ -16,7 +16,7 @@ use super::{scripts, verifier, EvalEvent, EvalRun, Harness, Phase};
 use crate::cancel::CancelToken;
 use crate::environment::{self, Environment, SandboxEnvironment, WorldModelEnvironment};
 use crate::episode::{
-    self, Episode, EpisodeConfig, EpisodeOutcome, Opening, StopReason, Transcript,
+    self, Episode, EpisodeConfig, EpisodeOutcome, ModelBudget, Opening, StopReason, Transcript,
 };
 use crate::errors::{error_chain, panic_message};
 use crate::pool::{Pool, PoolError, Warm};
@@ -242,7 +242,12 @@ fn episode_in(
     phase(run, task, k, Phase::Episode);
     let t_episode = Instant::now();
     let (result, hit) = within_limits(sandbox.as_ref(), run.control.cancel_token(), |cancel| {
-        run_episode(run, task, transcript, warm, &ws, wall, cancel)
+        let terms = EpisodeTerms {
+            ws: &ws,
+            wall,
+            budget: run.spend.task_budget(task, progress.counters.tokens),
+        };
+        run_episode(run, task, transcript, warm, terms, cancel)
     });
     progress.episode += t_episode.elapsed().as_secs_f64();
     // A limit ends the task as the agent's failure, whatever became of the episode (its
@@ -312,16 +317,23 @@ fn episode_in(
     )
 }
 
+/// What an episode runs under: its workspace, its wall time and its model budget.
+struct EpisodeTerms<'s> {
+    ws: &'s str,
+    wall: Duration,
+    budget: ModelBudget,
+}
+
 /// The task's episode on `warm`, through the broker.
 fn run_episode(
     run: &EvalRun<'_>,
     task: &Task,
     transcript: &mut Transcript,
     warm: &mut Warm,
-    ws: &str,
-    wall: Duration,
+    terms: EpisodeTerms<'_>,
     cancel: &CancelToken,
 ) -> Result<EpisodeOutcome, episode::EpisodeError> {
+    let EpisodeTerms { ws, wall, budget } = terms;
     let tools = environment::default_tools();
     // Checked before the task started: a harness script is there when the harness has one.
     let harness_script = scripts::harness_script(&run.harness, task).ok().flatten();
@@ -339,6 +351,7 @@ fn run_episode(
         max_turns: task.max_turns.unwrap_or(run.limits.max_turns),
         max_tool_actions: run.limits.max_tool_actions,
         max_output_tokens: run.limits.max_output_tokens,
+        budget,
         temperature: None,
         wall,
         skills: None,

@@ -8,10 +8,11 @@ use std::time::Duration;
 use super::results::TaskRecord;
 use super::spend::{Cap, Caps, CostRecord, Prices, Spend};
 use super::RunControl;
-use crate::episode::TokenMeter;
+use crate::episode::{ModelBudget, TokenMeter};
 use crate::pool::Pool;
 use crate::provider::metered::UsageMeter;
 use crate::sync::lock;
+use crate::task::{Task, TaskEntry, TaskList};
 
 /// How often a hard cap is checked while tasks run.
 const HARD_CAP_POLL: Duration = Duration::from_millis(100);
@@ -22,6 +23,52 @@ pub struct SpendPlan {
     pub prices: Option<Prices>,
     /// Tokens of every model call of the run so far (the providers are metered with it).
     pub meter: std::sync::Arc<UsageMeter>,
+    /// Each task's own limits where it names none (`--task-max-tokens`, `--task-max-cost`).
+    pub per_task: TaskLimits,
+}
+
+/// What one task may spend on the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TaskLimits {
+    pub tokens: Option<u64>,
+    pub cost_usd: Option<f64>,
+}
+
+impl SpendPlan {
+    /// `task`'s model budget, its own limits winning over the run's; `spent_before` is what
+    /// its earlier attempts used. A cost limit without prices cannot be counted: the run
+    /// refuses one before it starts (see [`SpendPlan::unpriced_cost_limit`]).
+    pub fn task_budget(&self, task: &Task, spent_before: TokenMeter) -> ModelBudget {
+        let cost = task.max_cost_usd.or(self.per_task.cost_usd);
+        ModelBudget {
+            tokens: task.max_tokens.or(self.per_task.tokens),
+            cost_usd: cost.zip(self.prices.as_ref().map(|p| p.per_mtok)),
+            spent_before,
+        }
+    }
+
+    /// A cost limit set with no prices to count it in, if any.
+    pub fn unpriced_cost_limit<'t>(&self, tasks: &'t TaskList) -> Option<UnpricedCost<'t>> {
+        if self.prices.is_some() {
+            return None;
+        }
+        if self.per_task.cost_usd.is_some() {
+            return Some(UnpricedCost::Flag);
+        }
+        tasks
+            .entries()
+            .iter()
+            .find(|e| e.cost_limited)
+            .map(UnpricedCost::Task)
+    }
+}
+
+/// Where a cost limit without prices was set: the run's `--task-max-cost`, or a task's
+/// `max_cost_usd`.
+#[derive(Debug)]
+pub enum UnpricedCost<'t> {
+    Flag,
+    Task(&'t TaskEntry),
 }
 
 pub(super) struct RunBudget<'a> {

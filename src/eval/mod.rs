@@ -44,7 +44,7 @@ use crate::provider::Provider;
 use crate::skills::SkillSet;
 use crate::sync::{into_inner, lock};
 use crate::task::{Task, TaskList};
-pub use budget::SpendPlan;
+pub use budget::{SpendPlan, TaskLimits, UnpricedCost};
 pub use control::RunControl;
 pub use environments::Environments;
 pub use results::{ResultsWriter, Status, TaskRecord};

@@ -17,16 +17,7 @@ use crate::episode::TokenMeter;
 /// For the default sandbox (2 vCPU, 512 MiB): $0.00003025 a second.
 pub const E2B_DEFAULT_SANDBOX_PER_SECOND: f64 = 2.0 * 0.000_014 + 0.5 * 0.000_004_5;
 
-/// Dollars per million tokens of one model.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelPrice {
-    pub input: f64,
-    pub output: f64,
-    /// Input tokens the API served from its cache, where it reports them (default: `input`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_input: Option<f64>,
-}
+pub use crate::episode::ModelPrice;
 
 /// The prices a run's costs are computed with (recorded next to every cost).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -165,14 +156,7 @@ impl Prices {
     /// Dollars for `tokens` and `sandbox_seconds`. Cached input tokens (a part of `input`)
     /// are priced at `cached_input` where the table has it.
     pub fn cost(&self, tokens: &TokenMeter, sandbox_seconds: f64) -> f64 {
-        let p = &self.per_mtok;
-        let cached = tokens.cached_input.min(tokens.input);
-        let fresh = tokens.input - cached;
-        let model = (fresh as f64 * p.input
-            + cached as f64 * p.cached_input.unwrap_or(p.input)
-            + tokens.output as f64 * p.output)
-            / 1e6;
-        model + sandbox_seconds * self.sandbox_per_second
+        self.per_mtok.dollars(tokens) + sandbox_seconds * self.sandbox_per_second
     }
 }
 

@@ -168,6 +168,7 @@ fn one_turn(
         max_turns: opts.turn_cap,
         max_tool_actions: opts.actions_per_turn,
         max_output_tokens: opts.max_output_tokens,
+        budget: Default::default(),
         temperature: None,
         wall: opts.timeout,
         skills: None,

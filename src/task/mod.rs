@@ -68,6 +68,14 @@ pub struct Task {
     pub verify_timeout_s: Option<f64>,
     #[serde(default)]
     pub max_turns: Option<u32>,
+    /// Model tokens (input + output) an attempt of the task may use (the
+    /// run's `--task-max-tokens` when absent).
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Dollars of model calls the task may spend; needs prices (the run's `--task-max-cost`
+    /// when absent).
+    #[serde(default)]
+    pub max_cost_usd: Option<f64>,
     #[serde(default)]
     pub metadata: Map<String, Value>,
     #[serde(default)]
@@ -226,6 +234,14 @@ fn validate(task: &Task) -> Result<(), String> {
     }
     if task.max_turns == Some(0) {
         return Err("field `max_turns`: must be at least 1".into());
+    }
+    if task.max_tokens == Some(0) {
+        return Err("field `max_tokens`: must be at least 1".into());
+    }
+    if let Some(usd) = task.max_cost_usd.filter(|c| !(c.is_finite() && *c > 0.0)) {
+        return Err(format!(
+            "field `max_cost_usd`: {usd} must be a number of dollars above 0"
+        ));
     }
     environment::check_verify_env(&task.verify_env)?;
     if let Some(solution) = &task.solution {

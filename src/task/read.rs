@@ -49,6 +49,8 @@ pub struct TaskEntry {
     pub id: String,
     /// 1-based line number.
     pub line: usize,
+    /// The task has a `max_cost_usd`, which needs prices to be counted.
+    pub cost_limited: bool,
     offset: u64,
     len: usize,
 }
@@ -85,6 +87,7 @@ impl TaskList {
                     list.max_timeout_s = Some(list.max_timeout_s.map_or(t, |m| m.max(t)));
                 }
                 list.entries.push(TaskEntry {
+                    cost_limited: task.max_cost_usd.is_some(),
                     id: task.id,
                     line: task.line,
                     offset,
@@ -108,6 +111,7 @@ impl TaskList {
             .iter()
             .enumerate()
             .map(|(i, t)| TaskEntry {
+                cost_limited: t.max_cost_usd.is_some(),
                 id: t.id.clone(),
                 line: t.line,
                 offset: i as u64,
@@ -143,6 +147,11 @@ impl TaskList {
 
     pub fn max_timeout_s(&self) -> Option<f64> {
         self.max_timeout_s
+    }
+
+    /// The file the tasks were read from (a tasks file, or the task directories' root).
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Keeps the entries `keep` selects (`--resume` drops the finished ones).
