@@ -276,6 +276,11 @@ def test_files():
     equal("files and commands see one home", r.stdout.strip(), str(len(data)))
 
 
+def test_watch_dir_is_refused():
+    e = raises("watch_dir is refused", SandboxException, lambda: SBX.files.watch_dir("/home/user"))
+    check("the refusal names unimplemented", e is not None and "unimplemented" in str(e).lower(), e)
+
+
 def test_file_metadata():
     # envd >= 0.6.2: upload metadata is kept on the file (as user.e2b.* attributes).
     d = "/home/user/meta"
@@ -455,6 +460,11 @@ def test_timeout_and_expiry():
     ids = {s.sandbox_id for s in Sandbox.list().next_items()}
     check("expired sandboxes not listed", not ({short.sandbox_id, shortened.sandbox_id} & ids), ids)
     equal("kill of an expired sandbox", Sandbox.kill(short.sandbox_id), False)
+    # The emulator enforces the Hobby plan unless told otherwise: an hour at most.
+    e = raises("a timeout past the plan's hour is refused", SandboxException, lambda: Sandbox.create(timeout=3601))
+    check("the refusal names the plan's limit", e is not None and "3600 s" in str(e), e)
+    e = raises("an unknown template is refused", SandboxException, lambda: Sandbox.create("no-such-template"))
+    check("the refusal says 404 not found", e is not None and "404" in str(e) and "not found" in str(e), e)
 
 
 # Interfaces in the command's own network namespace (/proc/net is per namespace).
@@ -669,6 +679,7 @@ def main():
         test_command_timeout,
         test_files,
         test_list_pagination,
+        test_watch_dir_is_refused,
         test_timeout_and_expiry,
         test_pause_memory,
         test_pause_filesystem,

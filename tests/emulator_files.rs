@@ -167,7 +167,20 @@ fn filesystem_rpcs() {
     );
     assert_eq!(fs("Stat", json!({"path": "/home/user/a"})).status, 404);
     assert_eq!(fs("Stat", json!({"path": "/etc"})).status, 400);
-    assert_eq!(fs("WatchDir", json!({"path": "/home/user"})).status, 501);
+    // WatchDir is a server stream: called as unary it gets connect-go's 415; as a stream, a
+    // 200 stream that ends `unimplemented`, which the SDK raises as its own exception.
+    assert_eq!(fs("WatchDir", json!({"path": "/home/user"})).status, 415);
+    let mut watch = emu.open_stream(
+        &sbx,
+        "filesystem.Filesystem/WatchDir",
+        json!({"path": "/home/user"}),
+        &[],
+    );
+    assert_eq!(watch.status, 200);
+    let frames = watch.read_all();
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    assert!(frames[0].is_end_of_stream());
+    assert_eq!(frames[0].msg["error"]["code"], "unimplemented");
 }
 
 /// Symlinks made in the sandbox work as on E2B while they stay in it; one that leads to the

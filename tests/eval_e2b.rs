@@ -256,8 +256,8 @@ impl NpmWatch {
 fn the_pi_harness_runs_on_e2b_from_the_uploaded_bundle_and_no_npm_runs() {
     let env = Env::new();
     support::share_pi_install(&env);
-    let emu = Emulator::start(&env.path("emu"), &[]);
     let template = format!("wmo-pi-no-npm-{}", std::process::id());
+    let emu = Emulator::start(&env.path("emu"), &["--template", &template]);
     let decoy =
         r#"{"tool_calls": [{"name": "bash", "arguments": {"command": "exec -a npm sleep 1"}}]}"#;
     let submit = r#"{"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]}"#;

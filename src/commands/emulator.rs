@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
-use wmo_e2b::emulator::{Emulator, EmulatorConfig, FaultSpec, DEFAULT_SEED};
+use wmo_e2b::emulator::{Emulator, EmulatorConfig, FaultSpec, Plan, DEFAULT_SEED};
 
 use super::{Exit, UsageError};
 
@@ -36,12 +36,25 @@ pub struct EmulatorArgs {
     /// Live sandboxes at once; more creates are answered 429.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     max_sandboxes: u32,
+    /// The E2B plan to enforce: hobby (timeouts up to 1 h) or pro (24 h).
+    #[arg(long, value_enum, default_value_t = PlanArg::Hobby)]
+    plan: PlanArg,
+    /// A template a create may name besides `base` (repeatable); any other is answered 404.
+    /// Every template runs on the same local sandbox.
+    #[arg(long = "template", value_name = "NAME")]
+    templates: Vec<String>,
     /// Log every request to stderr.
     #[arg(short, long)]
     verbose: bool,
     /// Print JSON lines on stdout instead of text.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum PlanArg {
+    Hobby,
+    Pro,
 }
 
 pub fn run(args: EmulatorArgs) -> Result<Exit> {
@@ -67,6 +80,14 @@ pub fn run(args: EmulatorArgs) -> Result<Exit> {
     config.faults = faults;
     config.seed = args.seed;
     config.max_sandboxes = args.max_sandboxes as usize;
+    config.plan = match args.plan {
+        PlanArg::Hobby => Plan::Hobby,
+        PlanArg::Pro => Plan::Pro,
+    };
+    if let Some(t) = args.templates.iter().find(|t| t.trim().is_empty()) {
+        return Err(UsageError(format!("--template {t:?}: a template needs a name")).into());
+    }
+    config.templates = args.templates;
     if args.verbose {
         // A line names what a client asked for: escaped, so a request cannot drive the
         // terminal.
@@ -83,6 +104,7 @@ pub fn run(args: EmulatorArgs) -> Result<Exit> {
     })
     .context("cannot install the Ctrl-C/SIGTERM handler")?;
 
+    let plan = config.plan;
     let emulator = Emulator::start(config).context("cannot start the emulator")?;
     let url = emulator.url();
     if args.json {
@@ -94,6 +116,11 @@ pub fn run(args: EmulatorArgs) -> Result<Exit> {
     } else {
         println!("{url}");
         eprintln!("emulator: serving the E2B API and envd at {url}; Ctrl-C stops it");
+        eprintln!(
+            "emulator: as a team on the {} plan: timeouts up to {} s (--plan)",
+            plan.name(),
+            plan.max_timeout_secs()
+        );
         eprintln!("emulator: export E2B_API_URL={url} E2B_SANDBOX_URL={url} E2B_API_KEY={api_key}");
     }
 

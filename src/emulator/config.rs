@@ -12,6 +12,36 @@ pub const CLIENT_ID: &str = "6532622b";
 /// The envd version we claim: recent enough that the SDK enables every feature we serve.
 pub const ENVD_VERSION: &str = "0.6.13";
 
+/// The E2B plan the emulated team is on: it bounds a sandbox's timeout as E2B's does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Plan {
+    /// 1 hour at most.
+    #[default]
+    Hobby,
+    /// 24 hours at most.
+    Pro,
+}
+
+impl Plan {
+    /// The longest timeout a create, connect or set-timeout may ask for, in seconds.
+    pub fn max_timeout_secs(self) -> i64 {
+        match self {
+            Plan::Hobby => 3600,
+            Plan::Pro => 24 * 3600,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Plan::Hobby => "hobby",
+            Plan::Pro => "pro",
+        }
+    }
+}
+
+/// The template every emulator serves; others are named with [`EmulatorConfig::templates`].
+pub const BASE_TEMPLATE: &str = "base";
+
 /// Receives one line per answered request ("POST /v2/sandboxes 201 3ms").
 pub type AccessLog = Arc<dyn Fn(&str) + Send + Sync>;
 
@@ -32,6 +62,11 @@ pub struct EmulatorConfig {
     /// `/tmp` exist only in a bwrap sandbox), so `auto` must find it.
     pub isolation: IsolationChoice,
     pub access_log: Option<AccessLog>,
+    /// Bounds timeouts as the team's plan does (default: the strictest, Hobby).
+    pub plan: Plan,
+    /// Templates a create may name besides `base`; any other is answered 404 as the API does.
+    /// All run on the same local sandbox.
+    pub templates: Vec<String>,
 }
 
 impl EmulatorConfig {
@@ -45,6 +80,8 @@ impl EmulatorConfig {
             max_sandboxes: 256,
             isolation: IsolationChoice::Auto,
             access_log: None,
+            plan: Plan::default(),
+            templates: Vec::new(),
         }
     }
 }

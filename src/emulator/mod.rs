@@ -24,7 +24,7 @@ mod paths;
 mod server;
 mod state;
 
-pub use config::{AccessLog, EmulatorConfig, CLIENT_ID, ENVD_VERSION};
+pub use config::{AccessLog, EmulatorConfig, Plan, BASE_TEMPLATE, CLIENT_ID, ENVD_VERSION};
 pub use faults::{FaultCounts, FaultSpec, FaultSpecError, DEFAULT_SEED};
 pub use server::{Emulator, EmulatorError, EmulatorHandle, StopReport};
 pub use state::Stats;

@@ -25,6 +25,10 @@ pub const WORKSPACE_DIR: &str = "project";
 /// A project sandbox's idle window: E2B's Hobby plan allows sandboxes of at most an hour (Pro:
 /// 24 h), so the default fits every plan; a longer one is the user's choice.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
+/// A turn's wall time when none is given. A turn that outlasts the idle window holds the
+/// sandbox up for its whole length and a little more, so the default stays well inside the
+/// Hobby plan's hour.
+pub const DEFAULT_TURN_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Output an `exec` returns, stdout and stderr together, as head + tail.
 pub const MAX_EXEC_OUTPUT: usize = 32 * 1024;
 /// After the polite TERM at the exec timeout, how long before KILL.

@@ -48,7 +48,7 @@ impl Default for TurnOptions {
             instruction: String::new(),
             allow_bash: false,
             writable: None,
-            timeout: super::DEFAULT_TIMEOUT,
+            timeout: super::DEFAULT_TURN_TIMEOUT,
             turn_cap: 60,
             actions_per_turn: 40,
             max_output_tokens: 4096,

@@ -106,11 +106,18 @@ pub fn start() -> Emu {
 }
 
 pub fn start_with(faults: FaultSpec, seed: u64) -> Emu {
+    start_configured(|config| {
+        config.faults = faults;
+        config.seed = seed;
+    })
+}
+
+/// An emulator started with whatever `configure` sets.
+pub fn start_configured(configure: impl FnOnce(&mut EmulatorConfig)) -> Emu {
     let dir = tempfile::tempdir().expect("tempdir");
     let listen: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     let mut config = EmulatorConfig::new(listen, KEY, dir.path().join("state"));
-    config.faults = faults;
-    config.seed = seed;
+    configure(&mut config);
     let handle = Emulator::start(config).expect("the emulator starts");
     Emu {
         client: Client::new(&handle.url()),

@@ -37,7 +37,9 @@ pub struct RunArgs {
     /// Project paths the agent may write (repeatable); without it every path is writable.
     #[arg(long, value_name = "PATH")]
     writable: Vec<String>,
-    #[arg(long, default_value = "1h", value_parser = super::super::bounds::duration)]
+    /// The turn's wall time. On E2B a turn longer than the idle window holds the sandbox
+    /// up for its length, which the team's plan bounds (Hobby: 1 h).
+    #[arg(long, default_value = "30m", value_parser = super::super::bounds::duration)]
     timeout: Duration,
     /// A directory of skills (`<name>.md` files with `name` and `description` front
     /// matter): the system prompt lists them and the agent reads one with `read_skill`.

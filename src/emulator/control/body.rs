@@ -5,10 +5,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
+use crate::emulator::config::Plan;
 use crate::emulator::http::{Request, Response};
 
-/// The longest timeout E2B accepts (a Pro team's 24 h).
-pub(super) const MAX_TIMEOUT_SECS: i64 = 24 * 3600;
 /// Default sandbox lifetime when a v1 create omits `timeout` (the infra API's default).
 pub(super) const V1_DEFAULT_TIMEOUT: i64 = 15;
 /// Default when a v2 create or a connect omits it.
@@ -88,8 +87,8 @@ pub(super) fn string_list(obj: &Map<String, Value>, key: &str) -> Result<Vec<Str
     }
 }
 
-/// A create's or a connect's timeout (`default` when absent), in seconds.
-pub(super) fn timeout_secs(value: Option<i64>, default: i64) -> Result<u64, Response> {
+/// A create's or a connect's timeout (`default` when absent), in seconds, within `plan`'s.
+pub(super) fn timeout_secs(value: Option<i64>, default: i64, plan: Plan) -> Result<u64, Response> {
     let t = value.unwrap_or(default);
     if t <= 0 {
         return Err(Response::error(
@@ -97,18 +96,21 @@ pub(super) fn timeout_secs(value: Option<i64>, default: i64) -> Result<u64, Resp
             "timeout must be a positive number of seconds",
         ));
     }
-    if t > MAX_TIMEOUT_SECS {
-        return Err(timeout_too_long());
+    if t > plan.max_timeout_secs() {
+        return Err(timeout_too_long(plan));
     }
     Ok(t as u64)
 }
 
-pub(super) fn timeout_too_long() -> Response {
+/// The refusal names the plan's limit, so a client can say which limit applies.
+pub(super) fn timeout_too_long(plan: Plan) -> Response {
     Response::error(
         400,
         format!(
-            "timeout cannot be greater than {} hours",
-            MAX_TIMEOUT_SECS / 3600
+            "timeout cannot be greater than {} hours (the {} plan's limit, {} s)",
+            plan.max_timeout_secs() / 3600,
+            plan.name(),
+            plan.max_timeout_secs()
         ),
     )
 }

@@ -15,6 +15,7 @@ use super::body::{
     V1_DEFAULT_TIMEOUT, V2_DEFAULT_TIMEOUT,
 };
 use super::reply::{at_limit, backend_error, sandbox_json, stopping, Answer};
+use crate::emulator::config::{EmulatorConfig, BASE_TEMPLATE};
 use crate::emulator::faults::CreateFault;
 use crate::emulator::http::{Request, Response};
 use crate::emulator::keys::Claim;
@@ -67,7 +68,7 @@ pub(super) fn create(shared: &Shared, req: &Request, version: Version) -> Answer
         }
     }
     let body = body_object(req)?;
-    let wanted = Wanted::read(&body, version)?;
+    let wanted = Wanted::read(&body, version, &shared.config)?;
     let entry = create_sandbox(shared, wanted)?;
     if let Some(guard) = &claim {
         // Keys of sandboxes that are gone can never answer again: the map stays bounded.
@@ -129,7 +130,11 @@ struct Wanted {
 }
 
 impl Wanted {
-    fn read(body: &Map<String, Value>, version: Version) -> Result<Wanted, Response> {
+    fn read(
+        body: &Map<String, Value>,
+        version: Version,
+        config: &EmulatorConfig,
+    ) -> Result<Wanted, Response> {
         let template = match present(body, "templateID") {
             Some(Value::String(t)) if !t.is_empty() => t.clone(),
             Some(_) => {
@@ -140,11 +145,17 @@ impl Wanted {
             }
             None => return Err(Response::error(400, "templateID is required")),
         };
+        if template != BASE_TEMPLATE && !config.templates.contains(&template) {
+            return Err(Response::error(
+                404,
+                format!("template '{template}' not found"),
+            ));
+        }
         let default = match version {
             Version::V1 => V1_DEFAULT_TIMEOUT,
             Version::V2 => V2_DEFAULT_TIMEOUT,
         };
-        let timeout = timeout_secs(int_of(body, "timeout")?, default)?;
+        let timeout = timeout_secs(int_of(body, "timeout")?, default, config.plan)?;
         let metadata: Metadata = string_map(body, "metadata")?;
         let env_vars = string_map(body, "envVars")?;
         let secure = match version {

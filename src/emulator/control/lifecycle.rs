@@ -2,8 +2,8 @@
 
 use serde_json::{json, Value};
 
+use super::body::V2_DEFAULT_TIMEOUT;
 use super::body::{body_object, bool_of, int_of, timeout_secs, timeout_too_long};
-use super::body::{MAX_TIMEOUT_SECS, V2_DEFAULT_TIMEOUT};
 use super::create::egress;
 use super::reply::{
     at_limit, backend_error, listed_json, live, not_found, running, sandbox_json, Answer,
@@ -46,7 +46,11 @@ pub(super) fn connect(shared: &Shared, req: &Request, id: &str, v2: bool) -> Ans
     if !v2 && !body.contains_key("timeout") {
         return Err(Response::error(400, "timeout is required"));
     }
-    let secs = timeout_secs(int_of(&body, "timeout")?, V2_DEFAULT_TIMEOUT)?;
+    let secs = timeout_secs(
+        int_of(&body, "timeout")?,
+        V2_DEFAULT_TIMEOUT,
+        shared.config.plan,
+    )?;
     let memory = if v2 { bool_of(&body, "memory")? } else { None };
     let how = match memory {
         Some(false) => Resume::Reboot,
@@ -108,7 +112,9 @@ pub(super) fn kill(shared: &Shared, id: &str) -> Answer {
 pub(super) fn set_timeout(shared: &Shared, req: &Request, id: &str) -> Answer {
     let body = body_object(req)?;
     let secs = match int_of(&body, "timeout")? {
-        Some(t) if t > MAX_TIMEOUT_SECS => return Err(timeout_too_long()),
+        Some(t) if t > shared.config.plan.max_timeout_secs() => {
+            return Err(timeout_too_long(shared.config.plan))
+        }
         // The real API clamps a negative timeout to zero: the sandbox dies now.
         Some(t) => t.max(0) as u64,
         None => return Err(Response::error(400, "timeout is required")),
@@ -160,7 +166,11 @@ pub(super) fn pause(shared: &Shared, req: &Request, id: &str) -> Answer {
 /// The deprecated resume: 201 with the sandbox resumed, 409 when it runs.
 pub(super) fn resume(shared: &Shared, req: &Request, id: &str) -> Answer {
     let body = body_object(req)?;
-    let secs = timeout_secs(int_of(&body, "timeout")?, V2_DEFAULT_TIMEOUT)?;
+    let secs = timeout_secs(
+        int_of(&body, "timeout")?,
+        V2_DEFAULT_TIMEOUT,
+        shared.config.plan,
+    )?;
     let auto_pause = bool_of(&body, "autoPause")?;
     let (e, state) = live(shared, id)?;
     if auto_pause.is_some_and(|a| a != e.lifecycle.pause.is_some()) {

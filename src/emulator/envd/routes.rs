@@ -5,6 +5,7 @@ use serde_json::json;
 
 use super::call::unary;
 use super::{files, process, signing};
+use crate::emulator::connect::{Code, RpcError};
 use crate::emulator::http::{Request, Responder, Response};
 use crate::emulator::state::{Asleep, SandboxEntry, Shared};
 use crate::errors::error_chain;
@@ -50,6 +51,15 @@ pub(in crate::emulator) fn handle(
         return;
     }
     let path = req.path.clone();
+    if path == "/filesystem.Filesystem/WatchDir" {
+        // The one server stream of the filesystem service.
+        let refused = RpcError::new(
+            Code::Unimplemented,
+            "watching directories is not supported by the wmo-e2b emulator",
+        );
+        process::refuse_stream(shared, &req, out, &refused);
+        return;
+    }
     match path.strip_prefix("/process.Process/") {
         // Process calls may stream, so they answer themselves.
         Some(method) => process::handle(shared, &entry, method, req, out),

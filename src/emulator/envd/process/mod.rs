@@ -13,3 +13,4 @@ mod stream;
 mod table;
 
 pub(super) use routes::handle;
+pub(super) use stream::refuse_stream;

@@ -95,6 +95,23 @@ pub(super) fn accept_stream(shared: &Shared, req: &Request, out: &mut Responder<
     true
 }
 
+/// Answers a streaming call the emulator does not serve as connect-go does: a 200 stream
+/// whose end-of-stream message carries `error` (a client then raises its own exception for
+/// the code, not a transport error).
+pub(in crate::emulator::envd) fn refuse_stream(
+    shared: &Shared,
+    req: &Request,
+    out: &mut Responder<'_>,
+    error: &RpcError,
+) {
+    if !accept_stream(shared, req, out) {
+        return;
+    }
+    if let Ok(w) = open_stream(out) {
+        end_stream(w, Some(error));
+    }
+}
+
 /// Starts the 200 stream every streaming call answers with.
 pub(super) fn open_stream<'r, 'a>(out: &'r mut Responder<'a>) -> io::Result<ChunkedWriter<'r, 'a>> {
     out.stream(200, &[("Content-Type", STREAM_CONTENT_TYPE)])
