@@ -114,3 +114,71 @@ fn a_task_limit_out_of_range_names_its_line_and_field() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("--limit-cpus"), "{}", text(&o));
 }
+
+/// A run inside a cgroup whose CPU quota is below a sandbox's (a container's or a batch
+/// job's limit, on cgroup v1, which refuses a child's quota above its parent's): its tasks
+/// run, each sandbox held by the tighter quota it inherits.
+#[test]
+fn a_run_under_a_tighter_cpu_quota_than_its_sandboxes_runs_its_tasks() {
+    let cpu = Path::new("/sys/fs/cgroup/cpu");
+    if !cpu.join("cpu.cfs_quota_us").exists() {
+        eprintln!("skipped: no cgroup v1 cpu controller at {}", cpu.display());
+        return;
+    }
+    let group = cpu.join(format!("wmo-e2b-test-quota-{}", std::process::id()));
+    std::fs::create_dir(&group).unwrap();
+    // Half a CPU, against a sandbox's default of 2.
+    std::fs::write(group.join("cpu.cfs_period_us"), "100000").unwrap();
+    std::fs::write(group.join("cpu.cfs_quota_us"), "50000").unwrap();
+
+    let env = Env::new();
+    let tasks = env.write_tasks(&[
+        task(
+            "a",
+            &format!(r#""verify": "true", "model_script": [{SUBMIT}]"#),
+        ),
+        task(
+            "b",
+            &format!(r#""verify": "true", "model_script": [{SUBMIT}]"#),
+        ),
+    ]);
+    let procs = group.join("cgroup.procs");
+    // The shell joins the group, then becomes the run.
+    let join_then_run = r#"echo $$ > "$1" && shift && exec "$@""#;
+    let mut wrapped = std::process::Command::new("sh");
+    wrapped
+        .args(["-c", join_then_run, "sh"])
+        .arg(&procs)
+        .arg(env!("CARGO_BIN_EXE_wmo-e2b"))
+        .args([
+            "eval",
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "-j",
+            "2",
+            "--out",
+        ])
+        .arg(env.out())
+        .env("WMO_E2B_HOME", env.home());
+    let out = wrapped.output().unwrap();
+    remove_cgroup_tree(&group);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let results = env.results();
+    assert_eq!(results.len(), 2);
+    for r in &results {
+        assert_eq!(r["status"], "passed", "{r}");
+    }
+}
+
+/// Removes a cgroup and the groups the run made inside it, deepest first (a cgroup directory
+/// goes with `rmdir` once it has no children and no processes).
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}

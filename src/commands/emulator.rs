@@ -43,6 +43,9 @@ pub struct EmulatorArgs {
     /// Every template runs on the same local sandbox.
     #[arg(long = "template", value_name = "NAME")]
     templates: Vec<String>,
+    /// Local sandboxes starting at once (default: the CPUs this process may use).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    create_concurrency: Option<u16>,
     /// Log every request to stderr.
     #[arg(short, long)]
     verbose: bool,
@@ -80,6 +83,7 @@ pub fn run(args: EmulatorArgs) -> Result<Exit> {
     config.faults = faults;
     config.seed = args.seed;
     config.max_sandboxes = args.max_sandboxes as usize;
+    config.create_concurrency = args.create_concurrency.map(usize::from);
     config.plan = match args.plan {
         PlanArg::Hobby => Plan::Hobby,
         PlanArg::Pro => Plan::Pro,

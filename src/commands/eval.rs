@@ -291,10 +291,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         .context("cannot open the lease ledger")?;
     let (inner, pi_shipment, network): (Arc<dyn Backend>, _, _) = match args.backend {
         BackendKind::Local => {
-            let mut local = LocalOptions {
-                isolation: args.local.isolation.into(),
-                ..LocalOptions::default()
-            };
+            let mut local = args.local.options();
             if let Some(install) = &pi {
                 local.system_read_only.push(install.local_mount());
             }

@@ -60,6 +60,21 @@ pub struct LocalArgs {
     /// (bwrap when it works here, else none with a warning).
     #[arg(long, value_enum, default_value = "auto", global = true)]
     pub isolation: IsolationArg,
+    /// Local sandboxes starting at once (default: the CPUs this process may use); more
+    /// wait their turn instead of slowing every start past its deadline.
+    #[arg(long, value_name = "N", global = true, value_parser = clap::value_parser!(u16).range(1..))]
+    pub create_concurrency: Option<u16>,
+}
+
+impl LocalArgs {
+    /// The local backend's options these flags ask for.
+    pub fn options(&self) -> wmo_e2b::sandbox::local::LocalOptions {
+        wmo_e2b::sandbox::local::LocalOptions {
+            isolation: self.isolation.into(),
+            create_concurrency: self.create_concurrency.map(usize::from),
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

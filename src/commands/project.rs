@@ -17,7 +17,6 @@ use super::{
     local_network, open_backend_with, BackendKind, Exit, LocalArgs, NetworkArg, UsageError,
 };
 use wmo_e2b::sandbox::e2b::E2bOptions;
-use wmo_e2b::sandbox::local::LocalOptions;
 use wmo_e2b::state::state_dir;
 use wmo_e2b::terminal::escape;
 
@@ -175,11 +174,7 @@ fn leased(kind: BackendKind, name: &str, local: &LocalArgs) -> Result<Arc<dyn Ba
 
 /// The backend itself, for what creates nothing (looking a sandbox up).
 fn unleased(kind: BackendKind, local: &LocalArgs) -> Result<Arc<dyn Backend>> {
-    let local = LocalOptions {
-        isolation: local.isolation.into(),
-        ..LocalOptions::default()
-    };
-    open_backend_with(kind, E2bOptions::default(), local)
+    open_backend_with(kind, E2bOptions::default(), local.options())
 }
 
 /// The backend a project recorded by name.

@@ -62,6 +62,8 @@ pub struct EmulatorConfig {
     /// `/tmp` exist only in a bwrap sandbox), so `auto` must find it.
     pub isolation: IsolationChoice,
     pub access_log: Option<AccessLog>,
+    /// Sandbox namespaces starting at once (`None`: the CPUs this process may use).
+    pub create_concurrency: Option<usize>,
     /// Bounds timeouts as the team's plan does (default: the strictest, Hobby).
     pub plan: Plan,
     /// Templates a create may name besides `base`; any other is answered 404 as the API does.
@@ -80,6 +82,7 @@ impl EmulatorConfig {
             max_sandboxes: 256,
             isolation: IsolationChoice::Auto,
             access_log: None,
+            create_concurrency: None,
             plan: Plan::default(),
             templates: Vec::new(),
         }

@@ -75,6 +75,7 @@ impl Emulator {
             })?;
         let options = LocalOptions {
             isolation: config.isolation,
+            create_concurrency: config.create_concurrency,
             ..LocalOptions::default()
         };
         let backend = LocalBackend::open_with(&config.state_dir, options).map_err(|source| {

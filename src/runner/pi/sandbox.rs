@@ -127,6 +127,7 @@ mod tests {
             LocalOptions {
                 isolation: IsolationChoice::Bwrap,
                 system_read_only: vec![(template.to_path_buf(), SANDBOX_PI_DIR.to_string())],
+                ..LocalOptions::default()
             },
         )
         .unwrap();

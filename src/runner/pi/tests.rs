@@ -154,6 +154,7 @@ fn a_pi_episode_runs_from_the_bundle_alone_with_no_node_modules_in_sight() {
             LocalOptions {
                 isolation: IsolationChoice::Bwrap,
                 system_read_only: shown,
+                ..LocalOptions::default()
             },
         )
         .unwrap()

@@ -47,6 +47,9 @@ pub struct LocalOptions {
     /// Host directories shown read-only to [`crate::sandbox::Role::System`] processes under
     /// bwrap, each at the sandbox path given (the pi install, under the system directory).
     pub system_read_only: Vec<(PathBuf, String)>,
+    /// Namespace holders starting at once, for this whole process (see `admission`);
+    /// `None` leaves the bound as it is (by default, the CPUs this process may use).
+    pub create_concurrency: Option<usize>,
 }
 
 /// Process sandboxes on this machine, kept under a state directory.
@@ -82,6 +85,9 @@ impl LocalBackend {
     /// sandbox, and starts the expiry watcher. Fails when `--isolation bwrap` was asked for
     /// and bwrap cannot run here.
     pub fn open_with(state_dir: &Path, options: LocalOptions) -> Result<Arc<LocalBackend>> {
+        if options.create_concurrency.is_some() {
+            super::admission::set_create_concurrency(options.create_concurrency);
+        }
         let resolved = isolation::resolve(options.isolation).map_err(SandboxError::Unsupported)?;
         let unusable = |path: &Path, e: io::Error| SandboxError::Remote {
             class: ErrorClass::Unsupported,

@@ -196,7 +196,16 @@ impl Cgroup {
                 Controller::Cpu => {
                     write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
                     let v = quota_us.map_or("-1".to_string(), |q| q.to_string());
-                    write(&dir.join("cpu.cfs_quota_us"), &v)?;
+                    let quota = dir.join("cpu.cfs_quota_us");
+                    match write(&quota, &v) {
+                        // v1 refuses a quota above an ancestor's (the cgroup this run is in:
+                        // a container's or a batch job's CPU limit). That ancestor already
+                        // holds the sandbox to less than asked, so it inherits that limit.
+                        Err(e) if e.raw_os_error() == Some(libc::EINVAL) && quota_us.is_some() => {
+                            write(&quota, "-1")?
+                        }
+                        written => written?,
+                    }
                 }
                 Controller::Unified => {
                     write(&dir.join("memory.max"), &max_or(bytes))?;

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use super::admission;
 use super::cgroup::Cgroup;
 use super::enter::{self, ImageMount, Request, HOST_ROOT_INSIDE, MAP_BLOCK_FD};
 use super::id_range::PROBE_BASE;
@@ -27,8 +28,12 @@ use super::start_report::read_until;
 use super::sys;
 use crate::sandbox::{ImageRoot, Role};
 
-/// How long a holder may take to report its namespace.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a holder may take to report its namespace. Long: a holder that fails closes its
+/// pipes and is seen at once, so this bounds only one that hangs, and a start on a host
+/// busy with others (see `admission`) is slow, not failed.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the watcher's first line may take once the start is given up on.
+const SESSION_LINE_WAIT: Duration = Duration::from_secs(2);
 /// The fds a nested holder's bwrap finds its parent's namespaces on (see `enter`).
 const JOINED_PID: &str = "10";
 const JOINED_USER: &str = "11";
@@ -39,7 +44,10 @@ const JOINED_USER: &str = "11";
 /// and its complaint is read at once.
 /// (A background job's stdin would be /dev/null; bwrap reads its options from it, so it gets
 /// the watcher's, kept aside on fd 9.)
+/// Its first line names its session (its own pid: `setsid` made it the leader), so a start
+/// given up on is killed whole.
 const WATCH: &str = r#"m=$1; shift
+echo "session $$" >&2
 exec 9<&0
 "$@" <&9 9<&- &
 exec >/dev/null 2>&1 9<&- </dev/null
@@ -106,6 +114,7 @@ pub(super) fn start(
     ids: Option<IdRange>,
     image: Option<(&ImageRoot, &Layer)>,
 ) -> io::Result<Holder> {
+    let _pass = admission::admit();
     let user_namespace = bwrap.in_user_namespace(ids);
     // As root with an id range, bwrap and the holder run as the host's root inside the
     // sandbox's user namespace (see `enter::userns`).
@@ -227,26 +236,45 @@ pub(super) fn start(
     // Read here, not on a thread: a sandbox resetting at every task starts one a task.
     let deadline = Instant::now() + START_TIMEOUT;
     let (mut info, mut err) = (Vec::new(), Vec::new());
+    let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
     // bwrap's report (one JSON object) on stdout; the holder keeps fd 1 open, so stop at its
     // end. Then the holder's `ready` on stderr, or bwrap's complaint and EOF.
-    let in_time = child
-        .stdout
-        .take()
-        .is_none_or(|mut out| read_until(&mut out, &mut info, deadline, |b| b.contains(&b'}')))
-        && child.stderr.take().is_none_or(|mut e| {
-            read_until(&mut e, &mut err, deadline, |b| {
+    let in_time = stdout
+        .as_mut()
+        .is_none_or(|out| read_until(out, &mut info, deadline, |b| b.contains(&b'}')))
+        && stderr.as_mut().is_none_or(|e| {
+            read_until(e, &mut err, deadline, |b| {
                 b.windows(6).any(|w| w == b"ready\n")
             })
         });
     if !in_time {
+        // `setsid` has returned; the holder is a session nobody here is the parent of, and
+        // killing `setsid` alone would leave it running, unrecorded.
+        if let Some(e) = stderr.as_mut() {
+            let wait = Instant::now() + SESSION_LINE_WAIT;
+            read_until(e, &mut err, wait, |b| session_of(b).is_some());
+        }
+        if let Some(session) = session_of(&err) {
+            // Still the group `setsid` made (a pid reused since would lead another).
+            if sys::proc_stat(session).is_some_and(|s| s.pgrp == session) {
+                let _ = sys::kill_group(session);
+            }
+        }
         let _ = child.kill();
         let _ = child.wait();
         return Err(io::Error::new(
             io::ErrorKind::TimedOut,
-            "the namespace holder did not start within 10 s",
+            format!(
+                "the namespace holder did not start within {} s",
+                START_TIMEOUT.as_secs()
+            ),
         ));
     }
-    let err = String::from_utf8_lossy(&err).into_owned();
+    let err: String = String::from_utf8_lossy(&err)
+        .lines()
+        .filter(|l| !l.starts_with("session "))
+        .map(|l| format!("{l}\n"))
+        .collect();
     // `setsid --fork` returns at once; its child carries on as the holder.
     let _ = child.wait();
     let ready = err.contains("ready\n");
@@ -273,6 +301,15 @@ pub(super) fn start(
         return Err(e);
     }
     Ok(holder)
+}
+
+/// The session the watcher's first line names.
+fn session_of(stderr: &[u8]) -> Option<u32> {
+    let text = std::str::from_utf8(stderr.split(|&b| b == b'\n').next()?).ok()?;
+    if !stderr.contains(&b'\n') {
+        return None;
+    }
+    text.strip_prefix("session ")?.parse().ok()
 }
 
 /// What bwrap's info report says: PID 1's pid (as bwrap's own PID namespace numbers it).
@@ -340,6 +377,15 @@ fn ns_pids(pid: u32) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_watchers_first_line_names_its_session() {
+        assert_eq!(session_of(b"session 4242\nready\n"), Some(4242));
+        // Not yet whole, or not the watcher's line: nothing to kill.
+        assert_eq!(session_of(b"session 42"), None);
+        assert_eq!(session_of(b"bwrap: no\nsession 7\n"), None);
+        assert_eq!(session_of(b"session x\n"), None);
+    }
 
     #[test]
     fn info_reports_name_the_child() {

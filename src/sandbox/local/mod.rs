@@ -45,6 +45,7 @@
 //! ns            namespace holders: their records, and killing them
 //! enter         starting a process in a holder's namespaces through a helper
 //! netns         a sandbox's own network namespace and its user-mode network stack
+//! admission     how many holders start at once
 //! holder_start  starting a holder
 //! outlet        a background process's output, to its current subscriber
 //! proc_table    the processes this wmo-e2b process started and has not reaped
@@ -62,6 +63,7 @@
 //! backend       the `Backend`: create, connect, list, kill, sweep, watch
 //! ```
 
+pub mod admission;
 mod backend;
 mod cgroup;
 pub mod confined;
