@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# What confinement costs, in one run (the "Isolation" section of BENCHMARKS.md):
+# What confinement costs, in one run (BENCHMARKS.md: "Eval throughput at `-j 16` and `-j 64`",
+# "Reset sandbox against a cold one", "Runner spawn-to-hello"):
 #   - runner spawn-to-hello under bwrap against unconfined, interleaved;
 #   - a task's wall time on a reused (reset) sandbox against a cold one, under bwrap, and
 #     what the reset costs per task;

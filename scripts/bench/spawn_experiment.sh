@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Experiment behind BENCHMARKS.md "(a) why": the eval scaling run with the local backend as it
-# is, and with one change in a scratch copy of the tree (never in this checkout): start
-# sandbox processes as an absolute `bash` path, so Rust's std uses posix_spawn (CLONE_VM |
-# CLONE_VFORK) instead of fork(). Builds the copy (~1.5 min on 2 cores), then runs -j 1/16/64
-# on both binaries, interleaved. Prints one JSON line per run and a small table.
+# Experiment behind BENCHMARKS.md, "Eval throughput at `-j 16` and `-j 64`" (before and after):
+# the eval scaling run with the local backend as it is, and with one change in a scratch copy
+# of the tree (never in this checkout): start sandbox processes as an absolute `bash` path,
+# so Rust's std uses posix_spawn (CLONE_VM | CLONE_VFORK) instead of fork(). Builds the copy
+# (~1.5 min on 2 cores), then runs -j 1/16/64 on both binaries, interleaved. Prints one JSON
+# line per run and a small table.
 #
 #   scripts/bench/spawn_experiment.sh            # 20 / 320 / 1280 tasks
 #   J64_TASKS=640 scripts/bench/spawn_experiment.sh

@@ -12,7 +12,7 @@ import sys
 D = sys.argv[1]
 med = statistics.median
 FLAT = 0.01  # MiB/episode over the second half: what "flat" means (as in BENCHMARKS.md)
-HELLO_GOAL_MS = 80.0  # BENCHMARKS.md (c): runner spawn-to-hello <= 80 ms
+HELLO_GOAL_MS = 80.0  # BENCHMARKS.md, "Runner spawn-to-hello": <= 80 ms
 WALL_GOAL = 0.5  # warm pi episode wall <= 1/2 of the reference's
 
 
