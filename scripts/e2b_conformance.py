@@ -15,10 +15,8 @@ import os
 import sys
 import threading
 import time
-import traceback
 import urllib.parse
 import urllib.request
-import uuid
 
 import httpx
 from e2b import (
@@ -33,60 +31,17 @@ from e2b import (
 )
 from e2b.envd.api import format_envd_api_exception
 
-PASSED = 0
-FAILED = 0
-RUN = uuid.uuid4().hex[:8]
-
-
-def check(name, cond, detail=""):
-    """Record one assertion."""
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-        print(f"PASS {name}")
-    else:
-        FAILED += 1
-        print(f"FAIL {name}: {detail}")
-    sys.stdout.flush()
-
-
-def equal(name, got, want):
-    check(name, got == want, f"got {got!r}, want {want!r}")
-
-
-def walk_pages(paginator, most=10):
-    """The sizes of a list's pages and the ids on them, at most `most` pages past the first."""
-    pages, seen = [], []
-    while paginator.has_next:
-        items = paginator.next_items()
-        pages.append(len(items))
-        seen.extend(i.sandbox_id for i in items)
-        if len(pages) > most:
-            break
-    return pages, seen
-
-
-def raises(name, exc_type, fn):
-    """Check that fn() raises exc_type; return the exception (or None)."""
-    try:
-        fn()
-    except exc_type as e:  # noqa: PERF203 - one call
-        check(name, True)
-        return e
-    except Exception as e:  # pragma: no cover - reported as a failure
-        check(name, False, f"raised {type(e).__name__}: {e}")
-        return None
-    check(name, False, f"did not raise {exc_type.__name__}")
-    return None
-
-
-def case(fn):
-    """Run one group of checks; an unexpected exception fails the group, not the run."""
-    try:
-        fn()
-    except Exception as e:
-        check(f"{fn.__name__} (completes)", False, f"{type(e).__name__}: {e}")
-        traceback.print_exc()
+import e2b_checks
+from e2b_checks import RUN, case, check, equal, raises, walk_pages
+from e2b_conformance_pause import (
+    test_auto_pause_filesystem_only,
+    test_auto_pause_on_timeout,
+    test_auto_resume,
+    test_kill_paused,
+    test_list_by_state_with_pages,
+    test_pause_filesystem,
+    test_pause_memory,
+)
 
 
 def stats(url):
@@ -414,9 +369,11 @@ def test_paths_are_e2b_paths():
     d = SBX.files.get_info("info_dir")
     equal(
         "get_info of a directory",
-        (d.path, d.type.value, d.size, d.mode, d.permissions, d.owner, d.group),
-        (f"{pwd}/info_dir", "dir", 0, 0o755, "drwxr-xr-x", "user", "user"),
+        (d.path, d.type.value, d.mode, d.permissions, d.owner, d.group),
+        (f"{pwd}/info_dir", "dir", 0o755, "drwxr-xr-x", "user", "user"),
     )
+    stat_size = int(SBX.commands.run("stat -c %s info_dir").stdout)
+    check("a directory's size is its stat size", d.size == stat_size > 0, (d.size, stat_size))
     equal("list paths", [e.path for e in SBX.files.list("info_dir")], [f"{pwd}/info_dir/nested"])
     SBX.commands.run("ln -s info.txt rel_link && ln -s /home/user/info.txt abs_link")
     for name in ["rel_link", "abs_link"]:
@@ -512,142 +469,6 @@ def test_kill():
     raises("connect to a killed sandbox", SandboxNotFoundException, lambda: Sandbox.connect(sid))
 
 
-# The pause cases import what only they use, so that they stand apart from the rest.
-def wait_until(cond, within=15.0):
-    """Poll cond() until it holds or `within` seconds pass; whether it held."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.2)
-    return cond()
-
-
-# A background counter: the next number in /home/user/count every 50 ms.
-COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.05; done"
-
-
-def counted(sbx):
-    try:
-        text = sbx.files.read("/home/user/count").strip()
-    except FileNotFoundException:
-        return 0
-    return int(text) if text.isdigit() else 0
-
-
-def state_of(sbx_id):
-    return str(Sandbox.get_info(sbx_id).state.value)
-
-
-def test_pause_memory():
-    from e2b import SandboxState
-
-    meta = {"suite": "conformance-pause", "run": RUN}
-    sbx = Sandbox.create(timeout=120, metadata=meta)
-    h = sbx.commands.run(COUNTER, background=True, timeout=0)
-    sbx.files.write("/home/user/kept.txt", "kept")
-    check("memory pause: the counter runs", wait_until(lambda: counted(sbx) > 2))
-    equal("pause", sbx.pause(), True)
-    equal("pause of a paused sandbox returns False", sbx.pause(), False)
-    equal("is_running while paused", sbx.is_running(), False)
-    equal("get_info state while paused", state_of(sbx.sandbox_id), "paused")
-    listed = Sandbox.list(query=SandboxQuery(metadata=meta, state=[SandboxState.PAUSED]))
-    ids = [i.sandbox_id for i in listed.next_items()]
-    equal("a paused sandbox lists as paused", ids, [sbx.sandbox_id])
-    resumed = Sandbox.connect(sbx.sandbox_id)
-    equal("connect resumes", resumed.is_running(), True)
-    equal("get_info state after the resume", state_of(sbx.sandbox_id), "running")
-    before = counted(resumed)
-    check(
-        "the background process goes on after a memory pause",
-        wait_until(lambda: counted(resumed) > before + 2),
-    )
-    check(
-        "the background process is listed after a memory pause",
-        any(p.pid == h.pid for p in resumed.commands.list()),
-    )
-    equal("a file survives a memory pause", resumed.files.read("/home/user/kept.txt"), "kept")
-    resumed.kill()
-
-
-def test_pause_filesystem():
-    sbx = Sandbox.create(timeout=120)
-    h = sbx.commands.run("sleep 1000", background=True, timeout=0)
-    sbx.files.write("/home/user/kept.txt", "kept")
-    equal("filesystem pause", sbx.pause(mode="filesystem"), True)
-    equal("get_info state after a filesystem pause", state_of(sbx.sandbox_id), "paused")
-    rebooted = Sandbox.connect(sbx.sandbox_id, on_resume="reboot")
-    equal("a file survives a filesystem pause", rebooted.files.read("/home/user/kept.txt"), "kept")
-    check(
-        "a process does not survive a filesystem pause",
-        all(p.pid != h.pid for p in rebooted.commands.list()),
-    )
-    equal("a rebooted sandbox runs commands", rebooted.commands.run("echo up").stdout, "up\n")
-    rebooted.kill()
-
-
-def test_auto_pause_on_timeout():
-    from e2b import SandboxState
-
-    sbx = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
-    lifecycle = sbx.get_info().lifecycle
-    equal("lifecycle on_timeout", lifecycle["on_timeout"], "pause")
-    equal("lifecycle auto_resume", lifecycle["auto_resume"], False)
-    check("paused at its timeout", wait_until(lambda: state_of(sbx.sandbox_id) == "paused"))
-    listed = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
-    check("an auto-paused sandbox lists as paused", sbx.sandbox_id in [i.sandbox_id for i in listed])
-    equal("no envd while auto-paused", sbx.is_running(), False)
-    again = Sandbox.connect(sbx.sandbox_id, timeout=60)
-    equal("connect resumes an auto-paused sandbox", again.commands.run("echo back").stdout, "back\n")
-    again.kill()
-
-
-def test_auto_resume():
-    sbx = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause", "auto_resume": True})
-    equal("lifecycle auto_resume", sbx.get_info().lifecycle["auto_resume"], True)
-    check("auto-resume sandbox paused at its timeout", wait_until(lambda: state_of(sbx.sandbox_id) == "paused"))
-    equal("an envd call wakes an auto-resume sandbox", sbx.commands.run("echo awake").stdout, "awake\n")
-    equal("state after the wake", state_of(sbx.sandbox_id), "running")
-    sbx.kill()
-
-
-def test_list_by_state_with_pages():
-    from e2b import SandboxState
-
-    meta = {"suite": "conformance-pause-list", "run": RUN}
-    made = [Sandbox.create(metadata=meta, timeout=120) for _ in range(3)]
-    for s in made[1:]:
-        s.pause()
-    paginator = Sandbox.list(query=SandboxQuery(metadata=meta, state=[SandboxState.PAUSED]), limit=1)
-    pages, seen = walk_pages(paginator)
-    equal("paused list pages of 1 over 2", pages, [1, 1])
-    equal("paused list finds the paused ones", sorted(seen), sorted(s.sandbox_id for s in made[1:]))
-    running = Sandbox.list(query=SandboxQuery(metadata=meta, state=[SandboxState.RUNNING])).next_items()
-    equal("running list finds the running one", [i.sandbox_id for i in running], [made[0].sandbox_id])
-    both = Sandbox.list(query=SandboxQuery(metadata=meta)).next_items()
-    equal(
-        "default list has both states",
-        sorted(str(i.state.value) for i in both),
-        ["paused", "paused", "running"],
-    )
-    for s in made:
-        s.kill()
-
-
-def test_kill_paused():
-    from e2b import SandboxNotFoundException
-
-    sbx = Sandbox.create(timeout=120)
-    equal("pause before kill", sbx.pause(), True)
-    equal("kill of a paused sandbox", Sandbox.kill(sbx.sandbox_id), True)
-    equal("kill of a killed paused sandbox", Sandbox.kill(sbx.sandbox_id), False)
-    raises(
-        "connect to a killed paused sandbox",
-        SandboxNotFoundException,
-        lambda: Sandbox.connect(sbx.sandbox_id),
-    )
-
-
 def test_retries_through_faults():
     url = os.environ.get("WMO_E2B_FAULTY_URL")
     if not url:
@@ -684,6 +505,7 @@ def main():
         test_pause_memory,
         test_pause_filesystem,
         test_auto_pause_on_timeout,
+        test_auto_pause_filesystem_only,
         test_auto_resume,
         test_list_by_state_with_pages,
         test_kill_paused,
@@ -696,8 +518,8 @@ def main():
             check(f"{fn.__name__} (needs a sandbox)", False, "create failed")
             continue
         case(fn)
-    print(f"{PASSED} passed, {FAILED} failed")
-    return 1 if FAILED else 0
+    print(f"{e2b_checks.PASSED} passed, {e2b_checks.FAILED} failed")
+    return 1 if e2b_checks.FAILED else 0
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ fn check_mapped(bwrap: &Bwrap, exe: &Path) -> Result<(), String> {
         group: Path::new("/dev/null"),
         shared: &[],
         root: None,
+        boot_id: None,
     };
     let mut args: Vec<OsString> = enter::mapped(exe, PROBE_BASE).into();
     let (block_fd, host_root) = (MAP_BLOCK_FD.to_string(), HOST_ROOT_INSIDE.to_string());

@@ -369,6 +369,8 @@ pub(super) struct Binds<'a> {
     /// The root of task processes when they run on an image (see `image_root`), in place
     /// of the host's system directories.
     pub root: Option<&'a Path>,
+    /// The sandbox's boot id file (see `boot_id`), over the kernel's.
+    pub boot_id: Option<&'a Path>,
 }
 
 impl Bwrap {
@@ -402,6 +404,12 @@ impl Bwrap {
                 a.0.extend(self.mounts.iter().cloned());
                 a.0.extend(self.host_node.iter().cloned());
             }
+        }
+        if let Some(boot_id) = binds.boot_id {
+            // `-try`: a sandbox made before boot ids has none until it boots again.
+            a.push(["--ro-bind-try"]);
+            a.path(boot_id);
+            a.push([super::boot_id::INSIDE]);
         }
         a.push(["--ro-bind"]);
         a.path(binds.passwd);
@@ -542,6 +550,7 @@ fn check(b: &Bwrap) -> Result<(), String> {
             group: &group,
             shared: &[],
             root: None,
+            boot_id: None,
         };
         let mut opts = b.holder_options();
         opts.push("--unshare-net");

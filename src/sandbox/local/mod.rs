@@ -19,6 +19,7 @@
 //! <id>/system/       its system_dir()
 //! <id>/sealed/       the copy of home and /tmp that `reset` restores (see `reset`)
 //! <id>/cgroups       where its cgroups are, if it has limits (see `cgroup`)
+//! <id>/boot_id       what its /proc/sys/kernel/random/boot_id reads (bwrap; see `boot_id`)
 //! .dead-<id>-<rand>  a sandbox being killed (see `teardown`)
 //! .new-<id>          a sandbox being created
 //! ```
@@ -38,6 +39,7 @@
 //! seccomp       the system call filter of every command started in a sandbox
 //! start_report  what a starting process reports on a pipe, read with bounds
 //! confined      host file operations that never leave a sandbox directory
+//! boot_id       a sandbox's boot id, new at each boot
 //! isolation     bwrap: found, probed, its command lines
 //! cgroup        a sandbox's control groups: made, limited, counted, removed
 //! meta          on-disk records: meta.json, procs/<pid>, ids
@@ -65,6 +67,7 @@
 
 pub mod admission;
 mod backend;
+mod boot_id;
 mod cgroup;
 pub mod confined;
 mod enter;

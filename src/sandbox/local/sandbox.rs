@@ -76,6 +76,14 @@ impl LocalSandbox {
         self.state.beneath(path)
     }
 
+    /// What the sandbox's `/proc/sys/kernel/random/boot_id` reads (bwrap only): new each
+    /// time it boots, kept across a memory pause.
+    pub fn boot_id(&self) -> Result<String> {
+        self.state.ensure_live()?;
+        super::boot_id::read(&self.state.dir)
+            .map_err(|e| self.state.io_error("reading the sandbox's boot id", e))
+    }
+
     /// Classifies an error of an operation on [`LocalSandbox::files`].
     pub fn file_error(&self, path: &str, what: &str, e: io::Error) -> SandboxError {
         self.state.file_error(path, what, e)

@@ -188,6 +188,7 @@ impl SandboxState {
             group: &self.host.group,
             shared: &self.host.system_read_only,
             root: None,
+            boot_id: None,
         }
     }
 

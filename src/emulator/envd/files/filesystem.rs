@@ -307,8 +307,8 @@ fn entry_info(entry: &SandboxEntry, files: &Beneath, rel: &str, e2b: &str) -> Rp
     info.insert("name".into(), json!(name));
     info.insert("type".into(), json!(file_type));
     info.insert("path".into(), json!(e2b));
-    // envd reports no size for a directory.
-    if meta.len() > 0 && !meta.is_dir() {
+    // envd reports what stat says, a directory's own size included (4096 on ext4).
+    if meta.len() > 0 {
         info.insert("size".into(), json!(meta.len().to_string()));
     }
     if perm != 0 {

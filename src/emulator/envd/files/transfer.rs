@@ -11,9 +11,14 @@ use super::metadata::{self, StoreError};
 use super::multipart::{media_param, multipart};
 use crate::emulator::envd::call::files_user;
 use crate::emulator::http::{Body, Request, Response, MAX_BODY_BYTES};
+use crate::emulator::paths;
 use crate::emulator::state::SandboxEntry;
 use crate::errors::error_chain;
 use crate::sandbox::{ErrorClass, Role, SandboxError};
+
+/// The one file outside the sandbox's own directories a download may read: the sandbox's
+/// boot id, by which a client tells a memory resume from a reboot.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 pub(in crate::emulator) fn download(entry: &SandboxEntry, req: &Request) -> Response {
     match read_file(entry, req) {
@@ -33,6 +38,9 @@ fn read_file(entry: &SandboxEntry, req: &Request) -> Result<Response, Response> 
         .query("path")
         .filter(|p| !p.is_empty())
         .ok_or_else(|| Response::error(400, "path is required"))?;
+    if paths::normalize(path, role).is_ok_and(|p| p == BOOT_ID) {
+        return read_boot_id(entry);
+    }
     let (files, rel, e2b) =
         locate(entry, path, role, Follow::All).map_err(|m| Response::error(400, m))?;
     if role == Role::Task && root_only(&e2b) {
@@ -66,6 +74,24 @@ fn read_file(entry: &SandboxEntry, req: &Request) -> Result<Response, Response> 
             ),
         ],
         body: Body::File(file, len),
+    })
+}
+
+fn read_boot_id(entry: &SandboxEntry) -> Result<Response, Response> {
+    let id = entry
+        .sandbox
+        .boot_id()
+        .map_err(|e| Response::error(500, error_chain(&e)))?;
+    Ok(Response {
+        status: 200,
+        headers: vec![
+            ("Content-Type".into(), "application/octet-stream".into()),
+            (
+                "Content-Disposition".into(),
+                "inline; filename=boot_id".into(),
+            ),
+        ],
+        body: Body::Bytes(format!("{id}\n").into_bytes()),
     })
 }
 

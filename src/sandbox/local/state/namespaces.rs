@@ -6,11 +6,11 @@ use std::io;
 use std::sync::Arc;
 
 use super::SandboxState;
-use crate::sandbox::local::holder_start;
 use crate::sandbox::local::image_root::{self, Layer};
-use crate::sandbox::local::isolation::{Bwrap, SANDBOX_UID};
+use crate::sandbox::local::isolation::{Binds, Bwrap, SANDBOX_UID};
 use crate::sandbox::local::netns;
 use crate::sandbox::local::ns::{self, Holder, Space};
+use crate::sandbox::local::{boot_id, holder_start};
 use crate::sandbox::Result;
 use crate::sync::lock;
 
@@ -89,9 +89,20 @@ impl SandboxState {
             _ => None,
         };
         let image = self.image.as_ref().zip(layer.as_ref().map(|(l, _)| l));
+        // The first holder starts when the sandbox boots: at its create, and again when a
+        // filesystem-only resume reboots it.
+        if space == Space::Sandbox {
+            boot_id::renew(&self.dir)
+                .map_err(|e| self.io_error("giving the sandbox a boot id", e))?;
+        }
+        let boot_id = boot_id::path(&self.dir);
+        let binds = Binds {
+            boot_id: Some(&boot_id),
+            ..self.binds()
+        };
         let h = holder_start::start(
             bwrap,
-            &self.binds(),
+            &binds,
             &self.dir,
             space,
             parent.as_ref(),
