@@ -96,7 +96,15 @@ impl Holder {
     /// namespace is freed only then.
     pub fn kill(&self, within: Duration) -> io::Result<bool> {
         sys::kill_recorded(self.init, self.start_time)?;
-        let gone = sys::wait_gone(self.init, self.start_time, within);
+        // A PID 1 that has begun to exit waits for the kernel to end the rest of its
+        // namespace, which on a host starved of CPU (a quota) takes long: dying is not stuck,
+        // so it is given longer.
+        let dying = || {
+            sys::proc_stat(self.init)
+                .is_some_and(|s| s.start_time == self.start_time && s.is_exiting())
+        };
+        let gone = sys::wait_gone(self.init, self.start_time, within)
+            || (dying() && sys::wait_gone(self.init, self.start_time, sys::DYING_WAIT));
         if gone {
             sys::wait_reaped(self.init, self.start_time, REAP_GRACE);
         }

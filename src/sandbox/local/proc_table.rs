@@ -20,8 +20,10 @@ use super::sys;
 use crate::sandbox::ProcessEvent;
 use crate::sync::lock;
 
-/// Bound on waiting for a SIGKILLed process to be reaped.
-pub(super) const KILL_WAIT: Duration = Duration::from_secs(5);
+/// Bound on waiting for a SIGKILLed process to be reaped. Generous: a dying process needs
+/// CPU to exit, which a host starved by a quota (a batch job's) gives slowly; the wait ends as
+/// soon as the process is gone, so only a process that never dies costs the whole of it.
+pub(super) const KILL_WAIT: Duration = Duration::from_secs(30);
 /// Bound on one `send_stdin`: a process that does not read its stdin for this long is stuck.
 pub(super) const STDIN_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 

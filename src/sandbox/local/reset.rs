@@ -156,7 +156,10 @@ pub(super) fn end_task_processes(
         match holder.kill(KILL_WAIT) {
             Ok(true) => {}
             Ok(false) => {
-                return Err("its task namespace still runs 5 s after SIGKILL".into());
+                return Err(format!(
+                    "its task namespace still runs {} s after SIGKILL",
+                    KILL_WAIT.as_secs()
+                ));
             }
             Err(e) => return Err(format!("cannot kill its task namespace: {e}")),
         }
@@ -175,7 +178,8 @@ pub(super) fn end_task_groups(
         .map_err(|(pgid, e)| format!("cannot kill process group {pgid}: {e}"))?;
     if !alive.is_empty() {
         return Err(format!(
-            "task process groups {alive:?} still run 5 s after SIGKILL"
+            "task process groups {alive:?} still run {} s after SIGKILL",
+            KILL_WAIT.as_secs()
         ));
     }
     let mut table = lock(&state.procs);

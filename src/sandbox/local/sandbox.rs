@@ -182,7 +182,7 @@ impl Sandbox for LocalSandbox {
         let stuck = || {
             kill_error(io::Error::new(
                 io::ErrorKind::TimedOut,
-                "still running 5 s after SIGKILL",
+                format!("still running {} s after SIGKILL", KILL_WAIT.as_secs()),
             ))
         };
         if let Some(entry) = self.state.entry(pid) {

@@ -70,7 +70,8 @@ pub(super) fn stop_agent(state: &Arc<SandboxState>, runner_too: bool) -> Result<
                     })?;
             if !alive.is_empty() {
                 return Err(unclean(format!(
-                    "process groups {alive:?} still run 5 s after SIGKILL"
+                    "process groups {alive:?} still run {} s after SIGKILL",
+                    KILL_WAIT.as_secs()
                 )));
             }
         }
@@ -92,7 +93,12 @@ fn end_every_process(
     if let Some(holder) = sandbox {
         match holder.kill(KILL_WAIT) {
             Ok(true) => {}
-            Ok(false) => return Err("its namespace still runs 5 s after SIGKILL".into()),
+            Ok(false) => {
+                return Err(format!(
+                    "its namespace still runs {} s after SIGKILL",
+                    KILL_WAIT.as_secs()
+                ))
+            }
             Err(e) => return Err(format!("cannot kill its namespace: {e}")),
         }
     }
@@ -104,7 +110,8 @@ fn end_every_process(
         .map_err(|(pgid, e)| format!("cannot kill process group {pgid}: {e}"))?;
     if !alive.is_empty() {
         return Err(format!(
-            "process groups {alive:?} still run 5 s after SIGKILL"
+            "process groups {alive:?} still run {} s after SIGKILL",
+            KILL_WAIT.as_secs()
         ));
     }
     let mut table = lock(&state.procs);

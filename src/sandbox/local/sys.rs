@@ -145,38 +145,55 @@ pub(super) fn proc_pids() -> Option<impl Iterator<Item = u32>> {
 
 /// The groups among `pgids` that still have a member that is not a zombie.
 pub(super) fn live_groups(pgids: &[u32]) -> Vec<u32> {
+    scan_groups(pgids).0
+}
+
+/// The groups of `pgids` with a running member, and whether every such member has begun to
+/// exit.
+fn scan_groups(pgids: &[u32]) -> (Vec<u32>, bool) {
     let candidates: Vec<u32> = pgids.iter().copied().filter(|&g| group_exists(g)).collect();
     if candidates.is_empty() {
-        return candidates;
+        return (candidates, true);
     }
     // kill(2) still finds groups whose members are all zombies; only /proc tells those apart.
     let Some(pids) = proc_pids() else {
-        return candidates;
+        return (candidates, false);
     };
     let wanted: HashSet<u32> = candidates.iter().copied().collect();
     let mut live = HashSet::new();
+    let mut all_exiting = true;
     for pid in pids {
         if let Some(stat) = proc_stat(pid) {
             if stat.is_running() && wanted.contains(&stat.pgrp) {
                 live.insert(stat.pgrp);
+                all_exiting &= stat.is_exiting();
             }
         }
     }
-    candidates
+    let live = candidates
         .into_iter()
         .filter(|g| live.contains(g))
-        .collect()
+        .collect();
+    (live, all_exiting)
 }
 
-/// Polls until none of `pgids` has a running member, for at most `within`; returns the groups
-/// still alive at the end.
+/// How much longer what was SIGKILLed is waited for once all of it has begun to exit: on a
+/// host starved of CPU (a quota) exiting takes long, and dying is not stuck.
+pub(super) const DYING_WAIT: Duration = Duration::from_secs(300);
+
+/// Polls until none of `pgids` has a running member, for at most `within` (or, when by then
+/// every member left is exiting, [`DYING_WAIT`] more); returns the groups still alive at the
+/// end.
 pub(super) fn wait_groups_gone(pgids: &[u32], within: Duration) -> Vec<u32> {
-    let mut live = Vec::new();
-    poll_until(Instant::now() + within, GROUP_POLL, || {
-        live = live_groups(pgids);
-        live.is_empty()
-    });
-    live
+    let mut last = (Vec::new(), false);
+    let scan = |last: &mut (Vec<u32>, bool)| {
+        *last = scan_groups(pgids);
+        last.0.is_empty()
+    };
+    if !poll_until(Instant::now() + within, GROUP_POLL, || scan(&mut last)) && last.1 {
+        poll_until(Instant::now() + DYING_WAIT, GROUP_POLL, || scan(&mut last));
+    }
+    last.0
 }
 
 /// Checks `done` every `period` until it holds or `deadline` has passed; whether it held.

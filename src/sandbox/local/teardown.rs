@@ -81,7 +81,10 @@ pub(super) fn end_processes(
             Ok(false) => {
                 return Err(io_error(
                     format!("killing the namespace of process {}", h.init),
-                    io::Error::new(io::ErrorKind::TimedOut, "still running 5 s after SIGKILL"),
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("still running {} s after SIGKILL", KILL_WAIT.as_secs()),
+                    ),
                 ))
             }
             Err(e) => return Err(io_error(format!("killing namespace holder {}", h.init), e)),
@@ -93,7 +96,10 @@ pub(super) fn end_processes(
         // A tombstone is kept so the next sweep tries again.
         return Err(io_error(
             format!("killing process groups {alive:?}"),
-            io::Error::new(io::ErrorKind::TimedOut, "still running 5 s after SIGKILL"),
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("still running {} s after SIGKILL", KILL_WAIT.as_secs()),
+            ),
         ));
     }
     Ok(records)
