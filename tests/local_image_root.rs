@@ -49,6 +49,18 @@ impl Scene {
     }
 }
 
+impl Drop for Scene {
+    /// Kills what the test left running: a holder outlives a state directory its backend
+    /// could not remove.
+    fn drop(&mut self) {
+        if let Ok(all) = self.b.list(&Default::default()) {
+            for s in all {
+                let _ = self.b.kill(&s.id);
+            }
+        }
+    }
+}
+
 fn run_as(sb: &dyn Sandbox, role: Role, cmd: &str) -> (Option<i32>, String, String) {
     let out = sb
         .run(

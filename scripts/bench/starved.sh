@@ -26,7 +26,7 @@ python3 scripts/bench/gen_tasks.py "$n" "$work/tasks.jsonl" --delay-ms 0
 start=$(date +%s.%N)
 set +e
 sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$group" \
-  "$bin" eval --tasks "$work/tasks.jsonl" -j "$n" --out "$work/out" --isolation bwrap \
+  env WMO_E2B_HOME="$work/state" "$bin" eval --tasks "$work/tasks.jsonl" -j "$n" --out "$work/out" --isolation bwrap \
   > "$work/eval.log" 2>&1
 rc=$?
 set -e
