@@ -207,6 +207,7 @@ fn a_sandbox_without_an_image_keeps_the_hosts_system() {
     let dir = state.path().join("sandboxes").join(sb.id());
     assert!(dir.join("meta.json").is_file());
     assert!(!dir.join("layers").exists(), "no layers without an image");
+    b.kill(sb.id()).unwrap();
 }
 
 #[test]
