@@ -9,7 +9,7 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use wmo_e2b::sandbox::{Backend, CreateSpec, ImageRoot, Role, RunOpts, Sandbox};
+use wmo_e2b::sandbox::{Backend, CreateSpec, ImageRoot, Role, RunOpts, Sandbox, SandboxError};
 
 mod support;
 
@@ -283,4 +283,46 @@ fn the_agents_work_on_the_image_survives_its_runner_being_stopped_for_the_verifi
     sb.reset().unwrap();
     let (_, out, _) = run_as(&*sb, Role::Task, "ls -A /work");
     assert_eq!(out, "");
+}
+
+/// The files tools reach an image's own paths as the task's bash does: its working directory
+/// read and written, its root read but never written, a name taken literally.
+#[test]
+fn read_file_and_write_file_reach_the_images_paths_as_the_task_does() {
+    let Some(scene) = Scene::new() else {
+        return;
+    };
+    let sb = scene.create();
+    sb.seal().unwrap();
+    assert_eq!(
+        sb.read_file("/etc/marker").unwrap(),
+        support::local::MARKER.as_bytes()
+    );
+    let odd = "/work/sub dir/a;$(touch pwned)'\".txt";
+    sb.write_file(odd, b"written\n").unwrap();
+    assert_eq!(sb.read_file(odd).unwrap(), b"written\n");
+    let (code, out, err) = run_as(&*sb, Role::Task, "cat '/work/sub dir/'a*; ls -A /work /tmp");
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out, "written\n/tmp:\n\n/work:\nsub dir\n",
+        "no staging file is left"
+    );
+    let refused = sb.write_file("/etc/marker", b"forged").unwrap_err();
+    assert_eq!(
+        refused.class(),
+        wmo_e2b::sandbox::ErrorClass::BadRequest,
+        "{refused}"
+    );
+    assert_eq!(
+        sb.read_file("/etc/marker").unwrap(),
+        support::local::MARKER.as_bytes()
+    );
+    let missing = sb.read_file("/work/missing").unwrap_err();
+    assert!(
+        matches!(missing, SandboxError::NotFound { .. }),
+        "{missing}"
+    );
+    // The home and /tmp are still the host's to serve.
+    sb.write_file("/tmp/t.txt", b"t").unwrap();
+    assert_eq!(sb.read_file("/tmp/t.txt").unwrap(), b"t");
 }

@@ -49,6 +49,7 @@
 //! netns         a sandbox's own network namespace and its user-mode network stack
 //! admission     how many holders start at once
 //! holder_start  starting a holder
+//! image_files   read_file and write_file on an image's own paths, in the task namespace
 //! outlet        a background process's output, to its current subscriber
 //! proc_table    the processes this wmo-e2b process started and has not reaped
 //! watch         a child's output pipes and exit, watched from one thread
@@ -74,6 +75,7 @@ mod enter;
 mod freeze;
 mod holder_start;
 mod id_range;
+mod image_files;
 mod image_root;
 pub mod isolation;
 mod limit_watch;

@@ -49,6 +49,14 @@ impl LocalSandbox {
         })
     }
 
+    /// Whether `path` is the image's to serve: the sandbox runs on one, and the path is in
+    /// none of the directories the host reaches.
+    fn in_image(&self, path: &str) -> bool {
+        self.state.image.is_some()
+            && path.starts_with('/')
+            && matches!(self.state.locate(path), Err(SandboxError::BadPath { .. }))
+    }
+
     /// The entry of a process this wmo-e2b process started here and has not reaped.
     fn entry(&self, pid: u32) -> Result<Arc<ProcEntry>> {
         self.state
@@ -219,6 +227,9 @@ impl Sandbox for LocalSandbox {
 
     fn read_file(&self, path: &str) -> Result<Vec<u8>> {
         self.state.ensure_live()?;
+        if self.in_image(path) {
+            return super::image_files::read(self, path);
+        }
         let (b, rel) = self.state.beneath(path)?;
         let read_err = |e| self.state.file_error(path, "read", e);
         let file = b.open_read(&rel).map_err(read_err)?;
@@ -240,6 +251,9 @@ impl Sandbox for LocalSandbox {
 
     fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
         self.state.ensure_live()?;
+        if self.in_image(path) {
+            return super::image_files::write(self, path, data);
+        }
         let (b, rel) = self.state.beneath(path)?;
         if rel.is_empty() {
             return Err(SandboxError::BadPath {
