@@ -556,7 +556,8 @@ fn create_sandbox(
         envs: Vec::new(),
         internet: network != Network::None,
         on_timeout: on_idle.on_timeout(),
-        limits: crate::sandbox::Limits::default(),
+        // A project's agent is as untrusted as an eval's: the host is bounded the same way.
+        limits: crate::sandbox::Limits::defaults(),
         network,
         image: None,
     });

@@ -296,17 +296,29 @@ pub(super) fn sweep_leftovers(sandboxes: &Path, alive: impl Fn(&str) -> bool) {
     let deadline = Instant::now() + REMOVE_WAIT;
     let scope = scope_of(&sandboxes.join("-"));
     for (_, parent) in &layout.parents {
-        let Ok(entries) = fs::read_dir(parent.join(&scope)) else {
-            continue;
-        };
-        for entry in entries.flatten().take(MAX_LISTED) {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if is_sandbox_name(name) && !alive(name) {
-                let _ = remove_dir(&entry.path(), deadline);
-            }
+        for dir in leftovers(&parent.join(&scope), &alive) {
+            let _ = remove_dir(&dir, deadline);
         }
     }
+}
+
+/// The sandbox cgroups in `scope_dir` whose sandbox is not `alive`. A scope holds the
+/// kernel's own files too (`tasks`, `cgroup.procs`): only a directory is a sandbox's cgroup.
+fn leftovers(scope_dir: &Path, alive: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(scope_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .take(MAX_LISTED)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|name| is_sandbox_name(name) && !alive(name))
+        })
+        .map(|e| e.path())
+        .collect()
 }
 
 /// The scope of the sandboxes directory holding `sandbox_dir`: a short digest of its path.
@@ -513,6 +525,20 @@ mod tests {
         assert_eq!(keyed(text, "oom_kill"), Some(3));
         assert_eq!(keyed("max 7\n", "max"), Some(7));
         assert_eq!(keyed("low 1\n", "max"), None);
+    }
+
+    #[test]
+    fn only_the_directories_of_sandboxes_gone_are_leftovers() {
+        let scope = tempfile::tempdir().unwrap();
+        for dir in ["lsb-gone", "lsb-live"] {
+            fs::create_dir(scope.path().join(dir)).unwrap();
+        }
+        // The kernel's files in a v1 cgroup, named as a sandbox could be.
+        for file in ["tasks", "notify_on_release"] {
+            fs::write(scope.path().join(file), "").unwrap();
+        }
+        let found = leftovers(scope.path(), |id| id == "lsb-live");
+        assert_eq!(found, vec![scope.path().join("lsb-gone")]);
     }
 
     #[test]
