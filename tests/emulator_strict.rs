@@ -9,6 +9,14 @@ use serde_json::json;
 use support::emulator::*;
 use wmo_e2b::emulator::Plan;
 
+/// The `message` of an error answer.
+fn message_of(reply: &Reply) -> String {
+    reply.json()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 #[test]
 fn timeouts_stay_within_the_plan() {
     let hobby = start();
@@ -21,10 +29,7 @@ fn timeouts_stay_within_the_plan() {
     };
     let too_long = create(&hobby, 3601);
     assert_eq!(too_long.status, 400);
-    let message = too_long.json()["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let message = message_of(&too_long);
     assert!(
         message.contains("hobby") && message.contains("3600 s"),
         "{message}"
@@ -57,10 +62,7 @@ fn timeouts_stay_within_the_plan() {
     assert_eq!(create(&pro, 24 * 3600).status, 201);
     let too_long = create(&pro, 24 * 3600 + 1);
     assert_eq!(too_long.status, 400);
-    let message = too_long.json()["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let message = message_of(&too_long);
     assert!(
         message.contains("pro") && message.contains("86400 s"),
         "{message}"
@@ -80,10 +82,7 @@ fn a_template_it_does_not_serve_is_not_found() {
     assert_eq!(create(&plain, "base").status, 201);
     let unknown = create(&plain, "mine");
     assert_eq!(unknown.status, 404);
-    let message = unknown.json()["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let message = message_of(&unknown);
     assert_eq!(message, "template 'mine' not found");
     let named = start_configured(|c| c.templates = vec!["mine".into()]);
     assert_eq!(create(&named, "mine").status, 201);
@@ -151,6 +150,6 @@ fn sandbox_metrics_name_no_sandbox() {
     let emu = start();
     let r = emu.api("GET", "/sandboxes/metrics", None);
     assert_eq!(r.status, 404);
-    let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+    let message = message_of(&r);
     assert!(message.contains("not served"), "{message}");
 }

@@ -89,7 +89,7 @@ fn tasks_run_on_the_image_and_see_nothing_of_the_hosts_system() {
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(
         out,
-        format!("{MARKER}/work\n1000\nyes /home/user /bin/sh\nno-host-usr\nno-runner\n")
+        format!("{MARKER}/app\n1000\nyes /home/user /bin/sh\nno-host-usr\nno-runner\n")
     );
     // The verifier too: the image's shell and variables, its own identity and HOME.
     let (code, out, err) = run_as(
@@ -118,7 +118,7 @@ fn what_the_image_root_owns_no_task_can_change() {
         "rm -f /bin/busybox",
         "echo forged > /etc/marker",
         "touch /etc/profile",
-        "ln -sf /work /bin/cat",
+        "ln -sf /app /bin/cat",
     ] {
         let (code, _, _) = run_as(&*sb, Role::Task, attack);
         assert_ne!(code, Some(0), "`{attack}` worked");
@@ -154,18 +154,18 @@ fn what_a_task_writes_over_the_image_is_gone_after_a_reset() {
     let (code, _, err) = run_as(
         &*sb,
         Role::Task,
-        "mkdir -p /work/left && echo 1 > /work/left/behind && touch /work/.hidden && \
+        "mkdir -p /app/left && echo 1 > /app/left/behind && touch /app/.hidden && \
          echo 2 > /tmp/x",
     );
     assert_eq!(code, Some(0), "{err}");
-    let (_, out, _) = run_as(&*sb, Role::Verify, "cat /work/left/behind");
+    let (_, out, _) = run_as(&*sb, Role::Verify, "cat /app/left/behind");
     assert_eq!(out, "1\n", "the verifier sees the agent's work");
     sb.reset().unwrap();
-    let (code, out, _) = run_as(&*sb, Role::Task, "ls -A /work; ls -A /tmp");
+    let (code, out, _) = run_as(&*sb, Role::Task, "ls -A /app; ls -A /tmp");
     assert_eq!(code, Some(0));
     assert_eq!(out, "", "the next task finds nothing of the last");
     // Nothing reached the host's tree, and the replaced layer is gone from the host.
-    assert!(std::fs::read_dir(img.rootfs.join("work"))
+    assert!(std::fs::read_dir(img.rootfs.join("app"))
         .unwrap()
         .next()
         .is_none());
@@ -217,9 +217,9 @@ fn the_working_directory_is_the_tasks_to_edit_and_its_edits_end_with_the_task() 
     };
     let img = &scene.img;
     // What the image's root owns in its working directory, as most images have it.
-    let source = img.rootfs.join("work/main.txt");
+    let source = img.rootfs.join("app/main.txt");
     std::fs::write(&source, "original\n").unwrap();
-    std::os::unix::fs::chown(img.rootfs.join("work"), Some(0), Some(0)).unwrap();
+    std::os::unix::fs::chown(img.rootfs.join("app"), Some(0), Some(0)).unwrap();
     let sb = scene.create();
     sb.seal().unwrap();
     let (code, out, err) = run_as(
@@ -230,7 +230,7 @@ fn the_working_directory_is_the_tasks_to_edit_and_its_edits_end_with_the_task() 
     );
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out, "original\nedited\n1000\n1000\n");
-    let (_, out, _) = run_as(&*sb, Role::Verify, "cat /work/main.txt");
+    let (_, out, _) = run_as(&*sb, Role::Verify, "cat /app/main.txt");
     assert_eq!(
         out, "original\nedited\n",
         "the verifier sees the agent's work"
@@ -247,8 +247,8 @@ fn a_working_directory_that_is_a_symlink_reaches_nothing_of_the_host() {
         return;
     };
     let (b, img) = (&scene.b, &scene.img);
-    std::fs::remove_dir(img.rootfs.join("work")).unwrap();
-    std::os::unix::fs::symlink("/etc", img.rootfs.join("work")).unwrap();
+    std::fs::remove_dir(img.rootfs.join("app")).unwrap();
+    std::os::unix::fs::symlink("/etc", img.rootfs.join("app")).unwrap();
     let err = b
         .create(&CreateSpec {
             image: Some(img.clone()),
@@ -257,7 +257,7 @@ fn a_working_directory_that_is_a_symlink_reaches_nothing_of_the_host() {
         .err()
         .expect("a sandbox whose working directory leads out of its image");
     let chain = wmo_e2b::errors::error_chain(&err);
-    assert!(chain.contains("working directory /work"), "{chain}");
+    assert!(chain.contains("working directory /app"), "{chain}");
     let left = std::fs::read_dir(scene.state.path().join("sandboxes"))
         .unwrap()
         .flatten()
@@ -273,15 +273,15 @@ fn the_agents_work_on_the_image_survives_its_runner_being_stopped_for_the_verifi
     };
     let sb = scene.create();
     sb.seal().unwrap();
-    let (code, _, err) = run_as(&*sb, Role::Task, "echo work > /work/out.txt");
+    let (code, _, err) = run_as(&*sb, Role::Task, "echo work > /app/out.txt");
     assert_eq!(code, Some(0), "{err}");
     // A harness that cannot be trusted: every process of the sandbox ends, its namespaces
     // start again, and the verifier still judges what the agent made.
     sb.stop_agent(true).unwrap();
-    let (_, out, _) = run_as(&*sb, Role::Verify, "cat /work/out.txt");
+    let (_, out, _) = run_as(&*sb, Role::Verify, "cat /app/out.txt");
     assert_eq!(out, "work\n");
     sb.reset().unwrap();
-    let (_, out, _) = run_as(&*sb, Role::Task, "ls -A /work");
+    let (_, out, _) = run_as(&*sb, Role::Task, "ls -A /app");
     assert_eq!(out, "");
 }
 
@@ -298,13 +298,13 @@ fn read_file_and_write_file_reach_the_images_paths_as_the_task_does() {
         sb.read_file("/etc/marker").unwrap(),
         support::local::MARKER.as_bytes()
     );
-    let odd = "/work/sub dir/a;$(touch pwned)'\".txt";
+    let odd = "/app/sub dir/a;$(touch pwned)'\".txt";
     sb.write_file(odd, b"written\n").unwrap();
     assert_eq!(sb.read_file(odd).unwrap(), b"written\n");
-    let (code, out, err) = run_as(&*sb, Role::Task, "cat '/work/sub dir/'a*; ls -A /work /tmp");
+    let (code, out, err) = run_as(&*sb, Role::Task, "cat '/app/sub dir/'a*; ls -A /app /tmp");
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(
-        out, "written\n/tmp:\n\n/work:\nsub dir\n",
+        out, "written\n/app:\nsub dir\n\n/tmp:\n",
         "no staging file is left"
     );
     let refused = sb.write_file("/etc/marker", b"forged").unwrap_err();
@@ -317,7 +317,7 @@ fn read_file_and_write_file_reach_the_images_paths_as_the_task_does() {
         sb.read_file("/etc/marker").unwrap(),
         support::local::MARKER.as_bytes()
     );
-    let missing = sb.read_file("/work/missing").unwrap_err();
+    let missing = sb.read_file("/app/missing").unwrap_err();
     assert!(
         matches!(missing, SandboxError::NotFound { .. }),
         "{missing}"

@@ -112,10 +112,10 @@ pub fn sh_err(sb: &dyn Sandbox) -> SandboxError {
 pub const MARKER: &str = "made by the image\n";
 
 /// An unpacked image, named `id`: busybox as `/bin/sh` and its applets, `/etc/marker` (root's), and a
-/// working directory `/work` owned by the image's uid 1000.
+/// working directory `/app` owned by the image's uid 1000.
 pub fn busybox_image(dir: &Path, id: &str) -> ImageRoot {
     let root = dir.join("rootfs");
-    for d in ["bin", "etc", "work", "tmp"] {
+    for d in ["bin", "etc", "app", "tmp"] {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
     std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
@@ -125,7 +125,7 @@ pub fn busybox_image(dir: &Path, id: &str) -> ImageRoot {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
     }
     std::fs::write(root.join("etc/marker"), MARKER).unwrap();
-    std::os::unix::fs::chown(root.join("work"), Some(1000), Some(1000)).unwrap();
+    std::os::unix::fs::chown(root.join("app"), Some(1000), Some(1000)).unwrap();
     std::os::unix::fs::chown(root.join("tmp"), Some(0), Some(0)).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
@@ -137,7 +137,7 @@ pub fn busybox_image(dir: &Path, id: &str) -> ImageRoot {
             ("FROM_IMAGE".into(), "yes".into()),
             ("HOME".into(), "/root".into()),
         ],
-        workdir: Some("/work".into()),
+        workdir: Some("/app".into()),
         user: 0,
         shell: "/bin/sh".into(),
     }
