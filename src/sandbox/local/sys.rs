@@ -170,11 +170,13 @@ fn scan_groups(pgids: &[u32]) -> (Vec<u32>, bool) {
             }
         }
     }
-    let live = candidates
-        .into_iter()
-        .filter(|g| live.contains(g))
-        .collect();
-    (live, all_exiting)
+    (
+        candidates
+            .into_iter()
+            .filter(|g| live.contains(g))
+            .collect(),
+        all_exiting,
+    )
 }
 
 /// How much longer what was SIGKILLed is waited for once all of it has begun to exit: on a
