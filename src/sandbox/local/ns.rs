@@ -104,7 +104,8 @@ impl Holder {
                 .is_some_and(|s| s.start_time == self.start_time && s.is_exiting())
         };
         let gone = sys::wait_gone(self.init, self.start_time, within)
-            || (dying() && sys::wait_gone(self.init, self.start_time, sys::DYING_WAIT));
+            || (dying()
+                && sys::wait_gone(self.init, self.start_time, super::proc_table::DYING_WAIT));
         if gone {
             sys::wait_reaped(self.init, self.start_time, REAP_GRACE);
         }

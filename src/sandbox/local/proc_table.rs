@@ -24,6 +24,9 @@ use crate::sync::lock;
 /// CPU to exit, which a host starved by a quota (a batch job's) gives slowly; the wait ends as
 /// soon as the process is gone, so only a process that never dies costs the whole of it.
 pub(super) const KILL_WAIT: Duration = Duration::from_secs(30);
+/// How much longer what was SIGKILLed is waited for once all of it has begun to exit: on a
+/// host starved of CPU (a quota) exiting takes long, and dying is not stuck.
+pub(super) const DYING_WAIT: Duration = Duration::from_secs(300);
 /// Bound on one `send_stdin`: a process that does not read its stdin for this long is stuck.
 pub(super) const STDIN_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -6,6 +6,7 @@ use std::io::{self, Read};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use super::proc_table::DYING_WAIT;
 use super::spawn::{Io, Spawn};
 use crate::sandbox::SandboxError;
 use crate::sync::lock;
@@ -170,22 +171,15 @@ fn scan_groups(pgids: &[u32]) -> (Vec<u32>, bool) {
             }
         }
     }
-    (
-        candidates
-            .into_iter()
-            .filter(|g| live.contains(g))
-            .collect(),
-        all_exiting,
-    )
+    let live = candidates
+        .into_iter()
+        .filter(|g| live.contains(g))
+        .collect();
+    (live, all_exiting)
 }
 
-/// How much longer what was SIGKILLed is waited for once all of it has begun to exit: on a
-/// host starved of CPU (a quota) exiting takes long, and dying is not stuck.
-pub(super) const DYING_WAIT: Duration = Duration::from_secs(300);
-
-/// Polls until none of `pgids` has a running member, for at most `within` (or, when by then
-/// every member left is exiting, [`DYING_WAIT`] more); returns the groups still alive at the
-/// end.
+/// Polls until none of `pgids` has a running member, for at most `within` (or, when every
+/// member left is exiting by then, [`DYING_WAIT`] more); returns the groups still alive.
 pub(super) fn wait_groups_gone(pgids: &[u32], within: Duration) -> Vec<u32> {
     let mut last = (Vec::new(), false);
     let scan = |last: &mut (Vec<u32>, bool)| {
