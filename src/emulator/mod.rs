@@ -6,6 +6,8 @@
 //! - `server`: start, stop, and routing each request to the control plane or to envd.
 //! - `control` (the control-plane endpoints) and `envd` (envd's routing and auth, its
 //!   `process` and `files` services).
+//! - `templates`: template builds on the host's image builder, and the images sandboxes of
+//!   a built template run on.
 //! - `state`: the sandbox table and everything the request threads share.
 //! - `hub` (the thread that follows one envd process), `config` (what an emulator is
 //!   started with), `http` (the HTTP/1.1 server), `connect` (the Connect protocol), `paths`
@@ -23,6 +25,7 @@ mod keys;
 mod paths;
 mod server;
 mod state;
+mod templates;
 
 pub use config::{AccessLog, EmulatorConfig, Plan, BASE_TEMPLATE, CLIENT_ID, ENVD_VERSION};
 pub use faults::{FaultCounts, FaultSpec, FaultSpecError, DEFAULT_SEED};

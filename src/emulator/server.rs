@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::config::EmulatorConfig;
 use super::http::{self, Handler, Request, Responder, Response};
 use super::state::{Shared, Stats};
-use super::{control, envd};
+use super::{control, envd, templates};
 use crate::errors::error_chain;
 use crate::sandbox::local::{Isolation, LocalBackend, LocalOptions};
 use crate::sandbox::{Backend, Killed, SandboxError};
@@ -187,7 +187,11 @@ struct Router(Arc<Shared>);
 impl Handler for Router {
     fn admit(&self, head: &Request) -> Option<Response> {
         // envd requests are checked against their sandbox's token, in `handle`.
-        if head.header("e2b-sandbox-id").is_some() || envd::is_signed(head) {
+        // Uploads carry their URL's signature, checked in `handle`, as a presigned URL does.
+        if head.header("e2b-sandbox-id").is_some()
+            || envd::is_signed(head)
+            || templates::is_upload(head)
+        {
             return None;
         }
         let refused = control::admit(&self.0, head)?;
@@ -215,7 +219,8 @@ impl Handler for Router {
             Some(id) => envd::handle(shared, &id, req, out),
             None if envd::is_signed(&req) => envd::handle_signed(shared, req, out),
             None => {
-                let resp = control::handle(shared, &req);
+                let resp = templates::handle(shared, &req)
+                    .unwrap_or_else(|| control::handle(shared, &req));
                 let _ = out.send(resp);
             }
         }

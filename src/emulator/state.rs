@@ -14,6 +14,7 @@ use super::faults::{FaultCounts, Faults};
 use super::http::Server;
 use super::hub::ProcHub;
 use super::keys::Keys;
+use super::templates::Templates;
 use crate::sandbox::local::{LocalBackend, LocalSandbox, Resume, Resumed};
 use crate::sandbox::{Backend, Metadata, PauseKind, RunState, Sandbox, SandboxError};
 use crate::sync::lock;
@@ -110,12 +111,14 @@ pub(super) struct Shared {
     pub requests: AtomicU64,
     pub creates: AtomicU64,
     pub streams: AtomicU64,
+    pub templates: Arc<Templates>,
 }
 
 impl Shared {
     pub fn new(config: EmulatorConfig, backend: Arc<LocalBackend>) -> Shared {
         let (stop_tx, stop_rx) = bounded(0);
         Shared {
+            templates: Arc::new(Templates::new(&config.state_dir)),
             faults: Faults::new(config.faults.clone(), config.seed),
             config,
             backend,
@@ -300,7 +303,7 @@ impl SandboxEntry {
 }
 
 /// Compares without an early exit, so timing does not reveal how much of a secret matched.
-pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(in crate::emulator) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

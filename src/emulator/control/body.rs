@@ -15,20 +15,7 @@ pub(super) const V2_DEFAULT_TIMEOUT: i64 = 300;
 
 /// The body as a JSON object; an empty body is the empty object.
 pub(super) fn body_object(req: &Request) -> Result<Map<String, Value>, Response> {
-    if req.body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
-    match serde_json::from_slice::<Value>(&req.body) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(Response::error(
-            400,
-            "the request body must be a JSON object",
-        )),
-        Err(e) => Err(Response::error(
-            400,
-            format!("the request body is not JSON: {e}"),
-        )),
-    }
+    req.json_object()
 }
 
 pub(super) fn present<'a>(body: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {

@@ -20,8 +20,11 @@ use crate::emulator::faults::CreateFault;
 use crate::emulator::http::{Request, Response};
 use crate::emulator::keys::Claim;
 use crate::emulator::state::{Lifecycle, NetworkState, SandboxEntry, Shared};
+use crate::emulator::templates::{Found, Templates};
 use crate::sandbox::e2b::is_idempotency_key;
-use crate::sandbox::{Backend, CreateSpec, Metadata, OnTimeout, PauseKind, RunState, Sandbox};
+use crate::sandbox::{
+    Backend, CreateSpec, ImageRoot, Metadata, OnTimeout, PauseKind, RunState, Sandbox,
+};
 use crate::sync::lock;
 
 /// How much longer than the create delay a repeat waits for the running create with its key.
@@ -68,7 +71,7 @@ pub(super) fn create(shared: &Shared, req: &Request, version: Version) -> Answer
         }
     }
     let body = body_object(req)?;
-    let wanted = Wanted::read(&body, version, &shared.config)?;
+    let wanted = Wanted::read(&body, version, &shared.config, &shared.templates)?;
     let entry = create_sandbox(shared, wanted)?;
     if let Some(guard) = &claim {
         // Keys of sandboxes that are gone can never answer again: the map stays bounded.
@@ -121,6 +124,8 @@ fn made(shared: &Shared, id: &str) -> Answer {
 /// What a create body asks for, checked.
 struct Wanted {
     template: String,
+    /// The image a built template's sandboxes run on; `None`: the host's own system.
+    image: Option<ImageRoot>,
     timeout: u64,
     metadata: Metadata,
     env_vars: BTreeMap<String, String>,
@@ -134,6 +139,7 @@ impl Wanted {
         body: &Map<String, Value>,
         version: Version,
         config: &EmulatorConfig,
+        templates: &Templates,
     ) -> Result<Wanted, Response> {
         let template = match present(body, "templateID") {
             Some(Value::String(t)) if !t.is_empty() => t.clone(),
@@ -145,12 +151,25 @@ impl Wanted {
             }
             None => return Err(Response::error(400, "templateID is required")),
         };
-        if template != BASE_TEMPLATE && !config.templates.contains(&template) {
-            return Err(Response::error(
-                404,
-                format!("template '{template}' not found"),
-            ));
-        }
+        let image = if template == BASE_TEMPLATE || config.templates.contains(&template) {
+            None
+        } else {
+            match templates.for_create(&template) {
+                Found::Image(root) => Some(root),
+                Found::NotReady => {
+                    return Err(Response::error(
+                        400,
+                        format!("template '{template}' has no finished build"),
+                    ))
+                }
+                Found::Missing => {
+                    return Err(Response::error(
+                        404,
+                        format!("template '{template}' not found"),
+                    ))
+                }
+            }
+        };
         let default = match version {
             Version::V1 => V1_DEFAULT_TIMEOUT,
             Version::V2 => V2_DEFAULT_TIMEOUT,
@@ -185,6 +204,7 @@ impl Wanted {
         }
         Ok(Wanted {
             template,
+            image,
             timeout,
             metadata,
             env_vars,
@@ -321,7 +341,7 @@ fn create_sandbox(shared: &Shared, wanted: Wanted) -> Result<Arc<SandboxEntry>, 
         // E2B has no such limits: a template's resources are its limits.
         limits: crate::sandbox::Limits::default(),
         network: Default::default(),
-        image: None,
+        image: wanted.image.clone(),
     };
     let created = shared.backend.create_local(&spec);
     let token = if wanted.secure {

@@ -36,6 +36,24 @@ impl Request {
     pub fn query(&self, name: &str) -> Option<&str> {
         first(&self.query, name)
     }
+
+    /// The body as a JSON object (an empty body is the empty object), or the 400 to answer.
+    pub fn json_object(&self) -> Result<serde_json::Map<String, serde_json::Value>, Response> {
+        if self.body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(serde_json::Map::new());
+        }
+        match serde_json::from_slice(&self.body) {
+            Ok(serde_json::Value::Object(m)) => Ok(m),
+            Ok(_) => Err(Response::error(
+                400,
+                "the request body must be a JSON object",
+            )),
+            Err(e) => Err(Response::error(
+                400,
+                format!("the request body is not JSON: {e}"),
+            )),
+        }
+    }
 }
 
 fn first<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {

@@ -1,0 +1,337 @@
+//! One template build, on a thread of its own: the uploaded files unpacked into a build
+//! context (refusing any entry that climbs out, as an image layer is), the recipe's
+//! Dockerfile beside them, the host's builder run on it into the image store (built once per
+//! content, as any Dockerfile is), and the image unpacked as the root its sandboxes run on.
+
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::recipe::{copy_target, dockerfile, is_pattern, relative, Recipe, STEPS_DIR};
+use super::{Build, Status, Templates};
+use crate::errors::error_chain;
+use crate::image::build::DEFAULT_BUILD_TIMEOUT;
+use crate::image::unpack::{unpack_image, LayerBlob};
+use crate::image::{self, BuildRequest, RegistryConfig, Store};
+use crate::sandbox::ImageRoot;
+use crate::sync::lock;
+
+/// The builder's log read back into the build's entries: its end, at most this much.
+const MAX_LOG_TAIL: u64 = 256 << 10;
+
+/// Starts making `build` from `recipe`; its state says how it went.
+pub(super) fn start(templates: Arc<Templates>, build: Arc<Build>, recipe: Recipe) {
+    {
+        let mut state = lock(&build.state);
+        state.status = Status::Building;
+        state.recipe = Some(recipe.clone());
+        state.log("info", format!("Building from {}", recipe.from_image));
+    }
+    let thread_build = Arc::clone(&build);
+    let spawned = std::thread::Builder::new()
+        .name("emu-template".into())
+        .spawn(move || {
+            let made = make(&templates, &thread_build, &recipe);
+            let mut state = lock(&thread_build.state);
+            match made {
+                Ok(root) => {
+                    state.log("info", "Build finished");
+                    state.end_logs();
+                    state.root = Some(root);
+                    state.status = Status::Ready;
+                }
+                Err(why) => state.fail(why),
+            }
+        });
+    if let Err(e) = spawned {
+        lock(&build.state).fail(format!("cannot start the build's thread: {e}"));
+    }
+}
+
+fn make(templates: &Templates, build: &Build, recipe: &Recipe) -> Result<ImageRoot, String> {
+    let file = dockerfile(recipe).map_err(|e| e.to_string())?;
+    let context = templates.work.join(&build.id);
+    let made = (|| {
+        fs::create_dir_all(&context).map_err(io("create", &context))?;
+        for (index, step) in recipe.steps.iter().enumerate() {
+            if let (Some(hash), "COPY") = (step.files_hash.as_deref(), step.kind.as_str()) {
+                let at = |i: usize| step.args.get(i).map(String::as_str).unwrap_or("");
+                lay_out_copy(templates, &context, index, hash, at(0), at(1))?;
+            }
+        }
+        let dockerfile_path = context.join("Dockerfile");
+        fs::write(&dockerfile_path, file).map_err(io("write", &dockerfile_path))?;
+        build_image(templates, build, &dockerfile_path, &context)
+    })();
+    // The context is this build's alone; a failure to remove it takes only room.
+    let _ = crate::deep_remove::remove_tree(&context);
+    made
+}
+
+fn build_image(
+    templates: &Templates,
+    build: &Build,
+    dockerfile_path: &Path,
+    context: &Path,
+) -> Result<ImageRoot, String> {
+    let store = Store::open_default().map_err(|e| format!("the image store: {e}"))?;
+    let config = RegistryConfig::load_default().map_err(|e| error_chain(&e))?;
+    let logs = templates.work.join("logs");
+    let request = BuildRequest {
+        dockerfile: dockerfile_path,
+        context,
+        args: &[],
+        timeout: DEFAULT_BUILD_TIMEOUT,
+        log_dir: &logs,
+    };
+    let built = image::build(&request, None, &store, &config).map_err(|e| error_chain(&e))?;
+    {
+        let mut state = lock(&build.state);
+        if built.fresh {
+            for line in log_tail(&built.log) {
+                state.log("info", line);
+            }
+        } else {
+            state.log("info", format!("Cached: built before as {}", built.key));
+        }
+    }
+    if !templates.holds_store() {
+        templates.keep_store(
+            store
+                .pull_lock()
+                .map_err(|e| format!("the image store: {e}"))?,
+        );
+    }
+    image::task_root(&built.image, &store).map_err(|e| format!("unpacking the image: {e}"))
+}
+
+/// Lays out what COPY step `index` copies in `steps/<index>/`, named as it lands (see
+/// [`copy_target`]): its upload (a tar, gzipped or not, as the SDK sends it) unpacked under
+/// the bounds and checks of an image layer, and what `src` names in it moved into place.
+fn lay_out_copy(
+    templates: &Templates,
+    context: &Path,
+    index: usize,
+    hash: &str,
+    src: &str,
+    dest: &str,
+) -> Result<(), String> {
+    let fail = |why: String| format!("steps[{index}]: COPY {src:?}: {why}");
+    let upload = templates.files.join(hash);
+    let mut magic = [0u8; 2];
+    let read = File::open(&upload).and_then(|mut f| f.read(&mut magic));
+    let media_type = match read {
+        Ok(2) if magic == [0x1f, 0x8b] => "application/vnd.oci.image.layer.v1.tar+gzip",
+        Ok(_) => "application/vnd.oci.image.layer.v1.tar",
+        Err(e) => return Err(fail(format!("its files were not uploaded: {e}"))),
+    };
+    let staging = context.join(".unpack").join(index.to_string());
+    let key = format!("sha256:{hash}");
+    let blob = LayerBlob {
+        path: upload,
+        media_type: media_type.into(),
+        digest: key.clone(),
+        diff_id: None,
+    };
+    let unpacked = unpack_image(&[blob], &staging, &key).map_err(|e| fail(error_chain(&e)))?;
+    let matches = matching(&unpacked, relative(src).map_err(fail)?).map_err(fail)?;
+    let out = context.join(STEPS_DIR).join(index.to_string());
+    fs::create_dir_all(&out).map_err(io("create", &out))?;
+    let (_, name) = copy_target(src, dest);
+    for found in &matches {
+        let own = found
+            .file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_default();
+        let target = out.join(name.map_or(own, Into::into));
+        if fs::symlink_metadata(&target).is_ok() {
+            return Err(fail(format!("two matches are named {}", target.display())));
+        }
+        fs::rename(found, &target).map_err(io("move into place", &target))?;
+    }
+    let _ = crate::deep_remove::remove_tree(&staging);
+    Ok(())
+}
+
+/// Entries under `root` that `pattern` names (`*`, `?` and `[...]` within a component), found
+/// through no symlink; at least one.
+fn matching(root: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
+    const MAX_MATCHES: usize = 100_000;
+    let mut found = vec![root.to_path_buf()];
+    let parts: Vec<&str> = pattern
+        .split('/')
+        .filter(|p| !p.is_empty() && *p != ".")
+        .collect();
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        let mut next = Vec::new();
+        for dir in found.iter().filter(|d| is_real_dir(d)) {
+            if !is_pattern(part) {
+                let at = dir.join(part);
+                if fs::symlink_metadata(&at).is_ok() && (last || is_real_dir(&at)) {
+                    next.push(at);
+                }
+                continue;
+            }
+            let entries = fs::read_dir(dir).map_err(|e| format!("reading its files: {e}"))?;
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                if wildcard(part.as_bytes(), name.as_encoded_bytes()) {
+                    next.push(entry.path());
+                }
+                if next.len() > MAX_MATCHES {
+                    return Err(format!("matches more than {MAX_MATCHES} entries"));
+                }
+            }
+        }
+        next.sort();
+        found = next;
+    }
+    if found.is_empty() || parts.is_empty() {
+        return Err("matches nothing in its upload".into());
+    }
+    Ok(found)
+}
+
+fn is_real_dir(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
+}
+
+/// Whether `name` matches `pattern`: `*` any run of bytes, `?` one, `[...]` one of a set
+/// (ranges, and `!` or `^` first to negate). Dot files match only a pattern that starts with
+/// a dot, as a shell's glob has it.
+fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
+    if name.first() == Some(&b'.') && pattern.first() != Some(&b'.') {
+        return false;
+    }
+    // Iterative, with one backtrack point for the last `*`: linear in practice, and bounded
+    // by pattern × name for any input.
+    let (mut p, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        let step = match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, n));
+                p += 1;
+                continue;
+            }
+            Some(b'?') => Some(p + 1),
+            Some(b'[') => class(pattern, p, name[n]),
+            Some(&c) if c == name[n] => Some(p + 1),
+            _ => None,
+        };
+        match (step, star) {
+            (Some(next), _) => {
+                p = next;
+                n += 1;
+            }
+            (None, Some((sp, sn))) => {
+                p = sp + 1;
+                n = sn + 1;
+                star = Some((sp, sn + 1));
+            }
+            (None, None) => return false,
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+/// Where the class at `pattern[at]` ends when it holds `c`; `None` when it does not (or is
+/// not closed, which matches nothing).
+fn class(pattern: &[u8], at: usize, c: u8) -> Option<usize> {
+    let mut i = at + 1;
+    let negate = matches!(pattern.get(i), Some(b'!' | b'^'));
+    if negate {
+        i += 1;
+    }
+    let mut hit = false;
+    let mut first = true;
+    while let Some(&lo) = pattern.get(i) {
+        if lo == b']' && !first {
+            return (hit != negate).then_some(i + 1);
+        }
+        first = false;
+        if pattern.get(i + 1) == Some(&b'-') && pattern.get(i + 2).is_some_and(|&h| h != b']') {
+            let hi = pattern[i + 2];
+            hit |= (lo..=hi).contains(&c);
+            i += 3;
+        } else {
+            hit |= lo == c;
+            i += 1;
+        }
+    }
+    None
+}
+
+/// The last lines of the builder's log, bounded.
+fn log_tail(path: &Path) -> Vec<String> {
+    let mut bytes = Vec::new();
+    let read = File::open(path).and_then(|mut f| {
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(MAX_LOG_TAIL)))?;
+        f.take(MAX_LOG_TAIL).read_to_end(&mut bytes)
+    });
+    if read.is_err() {
+        return Vec::new();
+    }
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> String {
+    let path: PathBuf = path.to_path_buf();
+    move |e| format!("cannot {op} {}: {e}", path.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_match_as_a_shell_does() {
+        let yes = |p: &str, n: &str| assert!(wildcard(p.as_bytes(), n.as_bytes()), "{p} {n}");
+        let no = |p: &str, n: &str| assert!(!wildcard(p.as_bytes(), n.as_bytes()), "{p} {n}");
+        yes("*", "a.txt");
+        yes("*.txt", "a.txt");
+        yes("a?c", "abc");
+        yes("[a-c]x", "bx");
+        yes("[!a-c]x", "dx");
+        yes("*a*b*c", "xxaxxbxxc");
+        no("*.txt", "a.md");
+        no("*", ".hidden");
+        yes(".*", ".hidden");
+        no("[a-c]x", "dx");
+        no("[abc", "a");
+        no("a?c", "ac");
+    }
+
+    #[test]
+    fn matches_are_found_through_no_symlink() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        fs::create_dir_all(root.join("folder/sub")).unwrap();
+        fs::write(root.join("folder/a.txt"), "a").unwrap();
+        fs::write(root.join("folder/b.md"), "b").unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("out")).unwrap();
+        let names = |p: &str| -> Vec<String> {
+            matching(root, p)
+                .unwrap()
+                .iter()
+                .map(|m| m.strip_prefix(root).unwrap().display().to_string())
+                .collect()
+        };
+        assert_eq!(
+            names("folder/*"),
+            ["folder/a.txt", "folder/b.md", "folder/sub"]
+        );
+        assert_eq!(names("folder/*.txt"), ["folder/a.txt"]);
+        assert_eq!(names("folder"), ["folder"]);
+        assert_eq!(names("out"), ["out"]);
+        assert!(matching(root, "out/passwd").is_err());
+        assert!(matching(root, "out/*").is_err());
+        assert!(matching(root, "missing/*").is_err());
+    }
+}
