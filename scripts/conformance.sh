@@ -113,7 +113,7 @@ unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN
 export E2B_API_KEY=$key E2B_API_URL=$url E2B_SANDBOX_URL=$url WMO_E2B_FAULTY_URL=$faulty_url
 
 start_registry
-WMO_E2B_HOME=$work/home start_emulator templates
+WMO_E2B_HOME=$work/home start_emulator templates --max-builds 2
 templates_url=$started_url
 
 status=0

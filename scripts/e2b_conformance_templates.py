@@ -138,6 +138,25 @@ def test_background_build_status():
     equal("a background build ends ready", status.status.value, "ready")
 
 
+def test_builds_at_once_are_bounded():
+    # The emulator runs with --max-builds 2: a third build while two run is refused.
+    slow = [Template().from_image("ubuntu:22.04").run_cmd(f"sleep 3; echo {RUN}-{i}")
+            for i in range(3)]
+    started = [Template.build_in_background(slow[i], f"{NAME}-busy{i}") for i in range(2)]
+    err = raises("a build past --max-builds is refused", Exception,
+                 lambda: Template.build_in_background(slow[2], f"{NAME}-busy2"))
+    check("the refusal is a 429 naming the bound",
+          err is not None and "429" in str(err) and "--max-builds" in str(err), err)
+    for info in started:
+        deadline = time.monotonic() + 120
+        while Template.get_build_status(info).status.value == "building":
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    Template.build_in_background(slow[2], f"{NAME}-busy2")
+    check("a place frees when a build ends", True)
+
+
 def test_upload_needs_its_signature():
     url = os.environ["E2B_API_URL"]
     forged = f"{url}/_emulator/template-files/{'0' * 64}?signature=forged"
@@ -231,6 +250,7 @@ def main():
         test_failing_step,
         test_unknown_base_image,
         test_background_build_status,
+        test_builds_at_once_are_bounded,
         test_upload_needs_its_signature,
         test_hostile_builds,
         test_unknown_template,

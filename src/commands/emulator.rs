@@ -36,6 +36,10 @@ pub struct EmulatorArgs {
     /// Live sandboxes at once; more creates are answered 429.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     max_sandboxes: u32,
+    /// Template builds running at once; a build started past it is answered 429, as E2B
+    /// bounds a team's concurrent builds (default: the CPUs this process may use).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_builds: Option<u32>,
     /// The E2B plan to enforce: hobby (timeouts up to 1 h) or pro (24 h).
     #[arg(long, value_enum, default_value_t = PlanArg::Hobby)]
     plan: PlanArg,
@@ -83,6 +87,7 @@ pub fn run(args: EmulatorArgs) -> Result<Exit> {
     config.faults = faults;
     config.seed = args.seed;
     config.max_sandboxes = args.max_sandboxes as usize;
+    config.max_builds = args.max_builds.map(|n| n as usize);
     config.create_concurrency = args.create_concurrency.map(usize::from);
     config.plan = match args.plan {
         PlanArg::Hobby => Plan::Hobby,

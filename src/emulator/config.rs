@@ -58,6 +58,9 @@ pub struct EmulatorConfig {
     pub seed: u64,
     /// Live sandboxes at once; a create beyond it is answered 429 like E2B's team limit.
     pub max_sandboxes: usize,
+    /// Template builds running at once (`None`: the CPUs this process may use); a build
+    /// started beyond it is answered 429.
+    pub max_builds: Option<usize>,
     /// How the local sandboxes are confined; the emulator needs bwrap (E2B's `/home/user` and
     /// `/tmp` exist only in a bwrap sandbox), so `auto` must find it.
     pub isolation: IsolationChoice,
@@ -80,6 +83,7 @@ impl EmulatorConfig {
             faults: FaultSpec::default(),
             seed: DEFAULT_SEED,
             max_sandboxes: 256,
+            max_builds: None,
             isolation: IsolationChoice::Auto,
             access_log: None,
             create_concurrency: None,

@@ -118,7 +118,7 @@ impl Shared {
     pub fn new(config: EmulatorConfig, backend: Arc<LocalBackend>) -> Shared {
         let (stop_tx, stop_rx) = bounded(0);
         Shared {
-            templates: Arc::new(Templates::new(&config.state_dir)),
+            templates: Arc::new(Templates::new(&config.state_dir, config.max_builds)),
             faults: Faults::new(config.faults.clone(), config.seed),
             config,
             backend,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::recipe::{copy_target, dockerfile, is_pattern, relative, Recipe, STEPS_DIR};
-use super::{Build, Status, Templates};
+use super::{Build, Slot, Status, Templates};
 use crate::errors::error_chain;
 use crate::image::build::DEFAULT_BUILD_TIMEOUT;
 use crate::image::unpack::{unpack_image, LayerBlob};
@@ -21,7 +21,8 @@ use crate::sync::lock;
 const MAX_LOG_TAIL: u64 = 256 << 10;
 
 /// Starts making `build` from `recipe`; its state says how it went.
-pub(super) fn start(templates: Arc<Templates>, build: Arc<Build>, recipe: Recipe) {
+/// `slot` is held until the build ends.
+pub(super) fn start(templates: Arc<Templates>, build: Arc<Build>, recipe: Recipe, slot: Slot) {
     {
         let mut state = lock(&build.state);
         state.status = Status::Building;
@@ -32,6 +33,7 @@ pub(super) fn start(templates: Arc<Templates>, build: Arc<Build>, recipe: Recipe
     let spawned = std::thread::Builder::new()
         .name("emu-template".into())
         .spawn(move || {
+            let _running = slot;
             let made = make(&templates, &thread_build, &recipe);
             let mut state = lock(&thread_build.state);
             match made {

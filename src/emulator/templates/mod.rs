@@ -13,6 +13,7 @@ mod routes;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -45,6 +46,18 @@ pub(in crate::emulator) struct Templates {
     secret: String,
     /// Held once a template is ready: no prune removes a root this emulator serves.
     store_lock: Mutex<Option<StoreLock>>,
+    /// Builds running now, and the most at once.
+    running: Arc<AtomicUsize>,
+    max_running: usize,
+}
+
+/// A place among the running builds, given back when the build ends.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 #[derive(Default)]
@@ -152,14 +165,29 @@ pub(in crate::emulator) enum Found {
 }
 
 impl Templates {
-    pub fn new(state_dir: &Path) -> Templates {
+    /// `max_running`: builds at once (`None`: the CPUs this process may use).
+    pub fn new(state_dir: &Path, max_running: Option<usize>) -> Templates {
         Templates {
             table: Mutex::new(Table::default()),
             files: state_dir.join("template-files"),
             work: state_dir.join("template-builds"),
             secret: crate::id::random_hex(32).unwrap_or_else(|_| crate::id::unique_hex(16)),
             store_lock: Mutex::new(None),
+            running: Arc::new(AtomicUsize::new(0)),
+            max_running: max_running
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+                .max(1),
         }
+    }
+
+    /// A place for one more running build, unless [`Templates::max_running`] run already.
+    fn slot(&self) -> Option<Slot> {
+        let taken = self
+            .running
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.max_running).then_some(n + 1)
+            });
+        taken.ok().map(|_| Slot(Arc::clone(&self.running)))
     }
 
     /// The root a sandbox of `name` (`name`, `name:tag` or a template id) runs on.
@@ -388,7 +416,7 @@ mod tests {
     #[test]
     fn a_name_finds_its_newest_ready_build_and_a_tag_its_own() {
         let tmp = tempfile::tempdir().unwrap();
-        let t = Templates::new(tmp.path());
+        let t = Templates::new(tmp.path(), None);
         assert!(matches!(t.for_create("app"), Found::Missing));
         let (_, first) = t.request("app", &[]).unwrap();
         assert!(matches!(t.for_create("app"), Found::NotReady));
@@ -431,7 +459,7 @@ mod tests {
     #[test]
     fn builds_per_template_are_bounded() {
         let tmp = tempfile::tempdir().unwrap();
-        let t = Templates::new(tmp.path());
+        let t = Templates::new(tmp.path(), None);
         let (_, first) = t.request("app", &[]).unwrap();
         for _ in 0..MAX_BUILDS_PER_TEMPLATE {
             t.request("app", &[]).unwrap();
@@ -442,6 +470,17 @@ mod tests {
             table.by_id[&first.template_id].builds.len(),
             MAX_BUILDS_PER_TEMPLATE
         );
+    }
+
+    #[test]
+    fn running_builds_are_bounded_and_a_finished_one_frees_its_place() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = Templates::new(tmp.path(), Some(2));
+        let first = t.slot().unwrap();
+        let _second = t.slot().unwrap();
+        assert!(t.slot().is_none());
+        drop(first);
+        assert!(t.slot().is_some());
     }
 
     #[test]

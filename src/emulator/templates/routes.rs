@@ -270,13 +270,23 @@ fn start(t: &Arc<Templates>, req: &Request, id: &str, build_id: &str) -> Respons
         Ok(steps) => steps,
         Err(e) => return Response::error(400, e.to_string()),
     };
+    let Some(slot) = t.slot() else {
+        return Response::error(
+            429,
+            format!(
+                "{} template builds are running, the most at once (--max-builds): start it \
+                 again when one has finished",
+                t.max_running
+            ),
+        );
+    };
     match base(t, &body) {
         Ok(recipe) => {
             let recipe = Recipe {
                 steps: recipe.steps.into_iter().chain(steps).collect(),
                 ..recipe
             };
-            build::start(Arc::clone(t), build, recipe);
+            build::start(Arc::clone(t), build, recipe, slot);
         }
         Err(why) => lock(&build.state).fail(why),
     }
