@@ -10,6 +10,7 @@ pub mod attacks;
 pub mod contamination;
 pub mod emulator;
 pub mod local;
+pub mod project;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
