@@ -202,25 +202,10 @@ fn refused(env: &Env, tasks: &Path, extra: &[&str]) -> String {
 }
 
 #[test]
-fn images_and_dockerfiles_are_refused_off_the_local_backend() {
+fn dockerfiles_are_refused_off_the_local_backend() {
     let env = Env::new();
-    let path = env.write_tasks(&[
-        json!({"id": "plain", "instruction": "x"}).to_string(),
-        json!({"id": "on-alpine", "instruction": "x", "image": "alpine:3.20"}).to_string(),
-    ]);
-    let e = refused(&env, &path, &["--backend", "e2b"]);
-    assert!(
-        e.contains("alpine:3.20") && e.contains("local backend"),
-        "{e}"
-    );
-    let path = env.write_tasks(&[json!({"id": "plain", "instruction": "x"}).to_string()]);
-    let e = refused(&env, &path, &["--image", "alpine:3.20", "--backend", "e2b"]);
-    assert!(
-        e.contains("alpine:3.20") && e.contains("local backend"),
-        "{e}"
-    );
-
-    // Dockerfiles are built and run locally (tests/eval_build.rs); E2B runs none of them.
+    // Dockerfiles are built and run locally (tests/eval_build.rs); E2B builds none of them
+    // (an `image` task gets a template: tests/eval_e2b_images.rs).
     let docker =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harbor/with-dockerfile");
     let e = refused(&env, &docker, &["--harness", "oracle", "--backend", "e2b"]);

@@ -57,6 +57,7 @@ fn a_prune_keeps_what_a_live_sandbox_runs_on_and_waits_for_runs() {
                 workdir: None,
                 user: 0,
                 shell: "/bin/sh".into(),
+                template: None,
             }),
             ..CreateSpec::default()
         })

@@ -13,21 +13,21 @@ use wmo_e2b::eval::shard;
 use wmo_e2b::eval::{
     self, Environments, EvalLimits, EvalRun, Harness, RunControl, Verdict, VerifierMode,
 };
+use wmo_e2b::image::build::DEFAULT_BUILD_TIMEOUT;
 use wmo_e2b::image::{RegistryConfig, Store};
 use wmo_e2b::pool::Pool;
 use wmo_e2b::provider::metered::Metered;
 use wmo_e2b::provider::Provider;
 use wmo_e2b::report::{self, ReportMode};
 use wmo_e2b::runner::BootstrapOpts;
+use wmo_e2b::sandbox::e2b::{E2bBackend, TemplateSource};
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
 use wmo_e2b::sandbox::limits::{self, Limits};
-use wmo_e2b::sandbox::local::LocalOptions;
 use wmo_e2b::sandbox::{Backend, Network};
 
 use super::{
-    local_network, open_backend_with, open_local, BackendKind, Exit, LocalArgs, ModelApiArgs,
-    NetworkArg, UsageError,
+    local_network, open_local, BackendKind, Exit, LocalArgs, ModelApiArgs, NetworkArg, UsageError,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -242,7 +242,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         harness: args.harness.clone(),
         attempts: args.attempts,
         image: args.image.clone(),
-        runs_images: args.backend == BackendKind::Local,
+        builds_dockerfiles: args.backend == BackendKind::Local,
     })
     .map_err(|e| match e {
         PlanError::Tasks(t) => anyhow::Error::new(t),
@@ -289,6 +289,8 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     };
     let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &plan.run_id())
         .context("cannot open the lease ledger")?;
+    // On E2B, the backend that makes templates of the tasks' images.
+    let mut e2b: Option<Arc<E2bBackend>> = None;
     let (inner, pi_shipment, network): (Arc<dyn Backend>, _, _) = match args.backend {
         BackendKind::Local => {
             let mut local = args.local.options();
@@ -304,13 +306,18 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             (backend, shipment, network)
         }
         // E2B's sandboxes are microVMs of their own: internet or not is all there is.
-        BackendKind::E2b => (
-            open_backend_with(args.backend, e2b_options(&args), LocalOptions::default())?,
-            pi.as_ref().map(|i| i.placed_shipment()),
-            args.network.map_or(Network::Internet, Network::from),
-        ),
+        BackendKind::E2b => {
+            let backend = E2bBackend::from_env(e2b_options(&args))
+                .map_err(|e| UsageError(format!("cannot use the e2b backend: {e}")))?;
+            e2b = Some(backend.clone());
+            (
+                backend as Arc<dyn Backend>,
+                pi.as_ref().map(|i| i.placed_shipment()),
+                args.network.map_or(Network::Internet, Network::from),
+            )
+        }
     };
-    let environments = make_environments(&args, &plan, &build_args)?;
+    let environments = make_environments(&args, &plan, &build_args, e2b.as_deref())?;
     let pi_digest = pi.as_ref().map(|i| i.bundle.digest());
     let provenance = run_provenance(&args, &plan, pi_digest.as_deref(), skills.as_deref())?;
     // Every sandbox of the run is leased before it is created.
@@ -396,12 +403,13 @@ fn e2b_options(args: &EvalArgs) -> wmo_e2b::sandbox::e2b::E2bOptions {
     o
 }
 
-/// The images the tasks run on, pulled or built and unpacked before any sandbox starts;
-/// build logs go to `<out>/builds/`.
+/// The images the tasks run on, pulled or built and unpacked before any sandbox starts, or
+/// on E2B each made into a template; build logs go to `<out>/builds/`.
 fn make_environments(
     args: &EvalArgs,
     plan: &plan::EvalPlan,
     build_args: &[(String, String)],
+    e2b: Option<&E2bBackend>,
 ) -> Result<Environments> {
     if plan.images.is_empty() {
         return Ok(Environments::default());
@@ -410,6 +418,25 @@ fn make_environments(
     let config = RegistryConfig::load_default()?;
     let log_dir = plan.out_dir.join("builds");
     eprintln!("preparing {} environment(s)", plan.images.len());
+    if let Some(e2b) = e2b {
+        let records = wmo_e2b::state::state_dir().join("e2b-templates");
+        let template_for = |from_image: &str, workdir: Option<&str>| {
+            e2b.template_for(&TemplateSource {
+                from_image,
+                workdir,
+                timeout: DEFAULT_BUILD_TIMEOUT,
+                records: &records,
+                log_dir: &log_dir,
+            })
+        };
+        return Ok(Environments::make_templates(
+            &plan.images,
+            args.image.as_deref(),
+            &store,
+            &config,
+            &template_for,
+        )?);
+    }
     let build = BuildOptions {
         args: build_args,
         log_dir: &log_dir,

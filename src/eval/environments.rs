@@ -11,7 +11,8 @@ use std::time::Duration;
 use crate::image::store::StoreLock;
 use crate::image::{self, BuildError, BuildRequest, ImageError, PulledImage, Reference};
 use crate::image::{RegistryConfig, Store};
-use crate::sandbox::ImageRoot;
+use crate::sandbox::e2b::E2B_USER_ID;
+use crate::sandbox::{ImageRoot, SandboxError};
 use crate::task::{EnvironmentSpec, Task};
 
 /// Where a task's environment comes from.
@@ -65,6 +66,9 @@ impl Source {
     }
 }
 
+/// Makes a template of an image (pinned by digest) with its working directory; its name.
+pub type TemplateFor<'a> = dyn Fn(&str, Option<&str>) -> Result<String, SandboxError> + 'a;
+
 /// How the run's Dockerfiles are built.
 #[derive(Debug, Clone, Copy)]
 pub struct BuildOptions<'a> {
@@ -94,6 +98,12 @@ pub enum EnvironmentError {
     },
     #[error("cannot open the image store: {0}")]
     Store(#[source] image::store::StoreError),
+    #[error("{name}: no template made of it: {source}")]
+    Template {
+        name: String,
+        #[source]
+        source: SandboxError,
+    },
 }
 
 impl EnvironmentError {
@@ -103,7 +113,9 @@ impl EnvironmentError {
         match self {
             EnvironmentError::Image { source, .. } => source.is_bad_input(),
             EnvironmentError::Build(e) => e.is_bad_input(),
-            EnvironmentError::Unpack { .. } | EnvironmentError::Store(_) => false,
+            EnvironmentError::Unpack { .. }
+            | EnvironmentError::Store(_)
+            | EnvironmentError::Template { .. } => false,
         }
     }
 }
@@ -172,6 +184,74 @@ impl Environments {
             };
             made.roots
                 .insert(name.clone(), make_root(&name, &image, store)?);
+        }
+        Ok(made)
+    }
+
+    /// A template made of every image in `sources`, by `template_for` (given the image pinned
+    /// by digest and its working directory): for a backend that holds images itself (E2B).
+    /// This machine only resolves each image's digest and reads its config.
+    pub fn make_templates(
+        sources: &[Source],
+        default: Option<&str>,
+        store: &Store,
+        config: &RegistryConfig,
+        template_for: &TemplateFor,
+    ) -> Result<Environments, EnvironmentError> {
+        let mut made = Environments {
+            default: default.map(str::to_string),
+            ..Environments::default()
+        };
+        for source in sources {
+            let name = source.name();
+            let Source::Image(reference) = source else {
+                return Err(EnvironmentError::Template {
+                    name,
+                    source: SandboxError::Unsupported(
+                        "a Dockerfile is built on the local backend only".into(),
+                    ),
+                });
+            };
+            if made.roots.contains_key(&name) {
+                continue;
+            }
+            let image_error = |source| EnvironmentError::Image {
+                reference: reference.clone(),
+                source,
+            };
+            let parsed = Reference::parse(reference).map_err(|e| image_error(e.into()))?;
+            let resolved = image::pull::resolve(&parsed, store, config).map_err(image_error)?;
+            let pinned = Reference {
+                tag: None,
+                digest: Some(resolved.digest.clone()),
+                ..parsed
+            }
+            .to_string();
+            let workdir = resolved.config.working_dir.clone();
+            let template = template_for(&pinned, workdir.as_deref()).map_err(|source| {
+                EnvironmentError::Template {
+                    name: name.clone(),
+                    source,
+                }
+            })?;
+            let env = resolved
+                .config
+                .env
+                .iter()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let root = ImageRoot {
+                id: resolved.manifest_digest.as_str().to_string(),
+                rootfs: PathBuf::new(),
+                env,
+                workdir,
+                user: E2B_USER_ID,
+                shell: "/bin/bash".into(),
+                template: Some(template),
+            };
+            let digest = resolved.digest.as_str().to_string();
+            made.roots.insert(name, Made { root, digest });
         }
         Ok(made)
     }

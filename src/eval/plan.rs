@@ -36,8 +36,9 @@ pub struct EvalOptions {
     pub attempts: u32,
     /// The environment of every task that names none (`--image`).
     pub image: Option<String>,
-    /// Whether the backend runs tasks on images (the local one does; E2B runs templates).
-    pub runs_images: bool,
+    /// Whether the backend builds tasks' Dockerfiles (the local one does; E2B makes
+    /// templates from images, not from Dockerfiles yet).
+    pub builds_dockerfiles: bool,
 }
 
 /// A run, ready to start: its tasks, its harness, and its output directory, locked.
@@ -75,9 +76,9 @@ pub enum PlanError {
     #[error(transparent)]
     Results(#[from] ResultsError),
     #[error(
-        "task {id:?} runs on {image}, and images run on the local backend only: E2B runs templates, which this build does not make from images yet"
+        "task {id:?} runs on {image}, and Dockerfiles are built on the local backend only: on E2B give the task an `image` (a template is made from it)"
     )]
-    ImagesUnsupported { id: String, image: String },
+    DockerfileUnsupported { id: String, image: String },
     #[error("cannot create the output directory {path}")]
     Io {
         path: PathBuf,
@@ -90,7 +91,9 @@ impl PlanError {
     /// Bad options or input files (exit 2), rather than a machine that cannot run the plan.
     pub fn is_usage(&self) -> bool {
         match self {
-            PlanError::Usage(_) | PlanError::Tasks(_) | PlanError::ImagesUnsupported { .. } => true,
+            PlanError::Usage(_) | PlanError::Tasks(_) | PlanError::DockerfileUnsupported { .. } => {
+                true
+            }
             PlanError::Locked(e) => matches!(e, RunLockError::Held { .. }),
             PlanError::Results(_) | PlanError::Io { .. } => false,
         }
@@ -137,8 +140,8 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
             return kept;
         }
         match environment_of(t, opts.image.as_deref(), &base) {
-            Some(source) if !opts.runs_images => {
-                unsupported = Some(PlanError::ImagesUnsupported {
+            Some(source @ Source::Dockerfile { .. }) if !opts.builds_dockerfiles => {
+                unsupported = Some(PlanError::DockerfileUnsupported {
                     id: crate::terminal::escape(&t.id).into_owned(),
                     image: crate::terminal::escape(&source.describe()).into_owned(),
                 })

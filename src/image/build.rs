@@ -11,8 +11,8 @@
 //! A record whose image is no longer whole in the store (a prune took a blob) is built
 //! again. The builder's output goes to a log the caller places, never to the terminal.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::fs::{self, File};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -299,23 +299,10 @@ fn read_record(path: &Path) -> Option<BuildRecord> {
     serde_json::from_slice(&bytes).ok()
 }
 
-/// Written beside and renamed into place, so a record is whole or absent.
+/// Whole or absent (see [`crate::state::write_whole`]).
 fn write_record(path: &Path, record: &BuildRecord) -> Result<(), BuildError> {
     let bytes = serde_json::to_vec_pretty(record).map_err(|e| io_at(path)(e.into()))?;
-    let temp = path.with_extension(format!("json.{}.tmp", crate::id::unique_hex(8)));
-    let written = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        fs::rename(&temp, path)
-    })();
-    if written.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    written.map_err(io_at(path))
+    crate::state::write_whole(path, &bytes).map_err(io_at(path))
 }
 
 /// One build being made.

@@ -65,42 +65,13 @@ pub fn pull_with(
         store,
         client,
     };
-    let (digest, top) = match &reference.digest {
-        Some(d) => (d.clone(), source.document_by_digest(d, None)?),
-        None => source.document_by_tag()?,
-    };
-    let (manifest_digest, manifest) = match top {
-        Document::Manifest { .. } => (digest.clone(), top),
-        Document::Index(entries) => {
-            let want = host_platform();
-            let chosen =
-                select_platform(&entries, &want).ok_or_else(|| ImageError::NoPlatform {
-                    reference: reference.to_string(),
-                    wanted: want.to_string(),
-                    offered: offered(&entries),
-                })?;
-            let manifest = source.document_by_digest(&chosen.digest, Some(chosen.size))?;
-            if matches!(manifest, Document::Index(_)) {
-                return Err(source.bad("an index entry for this platform is itself an index"));
-            }
-            (chosen.digest.clone(), manifest)
-        }
-    };
-    let Document::Manifest { config, layers } = manifest else {
-        return Err(source.bad("no manifest"));
-    };
-    if config.size > MAX_DOCUMENT {
-        return Err(ImageError::TooLarge {
-            what: format!("{reference} config {}", config.digest),
-            max: MAX_DOCUMENT,
-        });
-    }
-    source.blob(&config)?;
-    let config_bytes = store
-        .read_blob(&config.digest, MAX_DOCUMENT)?
-        .ok_or_else(|| source.bad("the config vanished from the store"))?;
-    let what = format!("{reference} config {}", config.digest);
-    let image_config = parse_config(&what, &config_bytes, layers.len())?;
+    let Named {
+        digest,
+        manifest_digest,
+        config,
+        layers,
+        image_config,
+    } = source.named()?;
     let mut pulled_layers = Vec::with_capacity(layers.len());
     for layer in &layers {
         if layer.size > MAX_LAYER {
@@ -139,6 +110,46 @@ pub fn pull_with(
     })
 }
 
+/// What a reference names, without its layers' content.
+struct Named {
+    digest: Digest,
+    manifest_digest: Digest,
+    config: Descriptor,
+    layers: Vec<Descriptor>,
+    image_config: ImageConfig,
+}
+
+/// What a reference names, resolved without fetching its layers: enough to pin it and to
+/// read its config (where E2B, not this machine, pulls the image).
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The content the reference names (an index or a manifest).
+    pub digest: Digest,
+    pub manifest_digest: Digest,
+    pub config: ImageConfig,
+}
+
+/// Resolves `reference` to its digest and config (the documents kept in `store`).
+pub fn resolve(
+    reference: &Reference,
+    store: &Store,
+    config: &RegistryConfig,
+) -> Result<Resolved, ImageError> {
+    let client = RegistryClient::new(config.clone(), CancelToken::new())?;
+    let _pulling = store.pull_lock()?;
+    let named = Source {
+        reference,
+        store,
+        client: &client,
+    }
+    .named()?;
+    Ok(Resolved {
+        digest: named.digest,
+        manifest_digest: named.manifest_digest,
+        config: named.image_config,
+    })
+}
+
 /// Where one pull reads from: the store first for what a digest names, else the registry.
 struct Source<'a> {
     reference: &'a Reference,
@@ -147,6 +158,54 @@ struct Source<'a> {
 }
 
 impl Source<'_> {
+    /// The documents a reference names and its config: all but the layers.
+    fn named(&self) -> Result<Named, ImageError> {
+        let (digest, top) = match &self.reference.digest {
+            Some(d) => (d.clone(), self.document_by_digest(d, None)?),
+            None => self.document_by_tag()?,
+        };
+        let (manifest_digest, manifest) = match top {
+            Document::Manifest { .. } => (digest.clone(), top),
+            Document::Index(entries) => {
+                let want = host_platform();
+                let chosen =
+                    select_platform(&entries, &want).ok_or_else(|| ImageError::NoPlatform {
+                        reference: self.reference.to_string(),
+                        wanted: want.to_string(),
+                        offered: offered(&entries),
+                    })?;
+                let manifest = self.document_by_digest(&chosen.digest, Some(chosen.size))?;
+                if matches!(manifest, Document::Index(_)) {
+                    return Err(self.bad("an index entry for this platform is itself an index"));
+                }
+                (chosen.digest.clone(), manifest)
+            }
+        };
+        let Document::Manifest { config, layers } = manifest else {
+            return Err(self.bad("no manifest"));
+        };
+        if config.size > MAX_DOCUMENT {
+            return Err(ImageError::TooLarge {
+                what: format!("{} config {}", self.reference, config.digest),
+                max: MAX_DOCUMENT,
+            });
+        }
+        self.blob(&config)?;
+        let config_bytes = self
+            .store
+            .read_blob(&config.digest, MAX_DOCUMENT)?
+            .ok_or_else(|| self.bad("the config vanished from the store"))?;
+        let what = format!("{} config {}", self.reference, config.digest);
+        let image_config = parse_config(&what, &config_bytes, layers.len())?;
+        Ok(Named {
+            digest,
+            manifest_digest,
+            config,
+            layers,
+            image_config,
+        })
+    }
+
     fn bad(&self, why: &str) -> ImageError {
         ImageError::BadManifest {
             what: self.reference.to_string(),

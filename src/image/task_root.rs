@@ -27,6 +27,7 @@ pub fn task_root(pulled: &PulledImage, store: &Store) -> Result<ImageRoot, Unpac
         user: user_of(&rootfs, config.user.as_deref()),
         env,
         rootfs,
+        template: None,
     })
 }
 

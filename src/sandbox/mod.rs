@@ -361,6 +361,10 @@ pub struct ImageRoot {
     pub user: u32,
     /// The shell commands run with: `/bin/bash` when the image has it, else `/bin/sh`.
     pub shell: String,
+    /// On E2B: the template made from the image, which sandboxes for it are created from
+    /// (`rootfs` is then not used: E2B holds the image).
+    #[serde(default)]
+    pub template: Option<String>,
 }
 
 /// Whether a sandbox runs or is paused.

@@ -140,6 +140,7 @@ pub fn busybox_image(dir: &Path, id: &str) -> ImageRoot {
         workdir: Some("/app".into()),
         user: 0,
         shell: "/bin/sh".into(),
+        template: None,
     }
 }
 

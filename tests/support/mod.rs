@@ -8,6 +8,7 @@
 
 pub mod attacks;
 pub mod contamination;
+pub mod e2b_cli;
 pub mod emulator;
 pub mod local;
 pub mod project;

@@ -14,6 +14,7 @@ use crate::errors::error_chain;
 use crate::image::build::DEFAULT_BUILD_TIMEOUT;
 use crate::image::unpack::{unpack_image, LayerBlob};
 use crate::image::{self, BuildRequest, RegistryConfig, Store};
+use crate::sandbox::e2b::E2B_USER_ID;
 use crate::sandbox::ImageRoot;
 use crate::sync::lock;
 
@@ -105,7 +106,14 @@ fn build_image(
                 .map_err(|e| format!("the image store: {e}"))?,
         );
     }
-    image::task_root(&built.image, &store).map_err(|e| format!("unpacking the image: {e}"))
+    let root =
+        image::task_root(&built.image, &store).map_err(|e| format!("unpacking the image: {e}"))?;
+    // E2B runs a sandbox's commands as `user` whatever the image's `USER`: what uid 1000 owns
+    // is theirs, as it is in the cloud's VM.
+    Ok(ImageRoot {
+        user: E2B_USER_ID,
+        ..root
+    })
 }
 
 /// Lays out what COPY step `index` copies in `steps/<index>/`, named as it lands (see

@@ -402,6 +402,7 @@ mod tests {
             workdir: None,
             user: 0,
             shell: "/bin/sh".into(),
+            template: None,
         });
         let _ = templates;
     }

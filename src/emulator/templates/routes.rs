@@ -2,7 +2,6 @@
 //! "Template builds"), and the upload URL the API hands out for a `COPY` step's files.
 
 use std::fs;
-use std::io::Write;
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
@@ -231,22 +230,11 @@ fn upload(t: &Templates, req: &Request, hash: &str) -> Response {
         return Response::error(403, "the upload URL's signature does not match");
     }
     let path = t.files.join(hash);
-    let temp = t
-        .files
-        .join(format!(".{hash}.{}.tmp", crate::id::unique_hex(8)));
-    let written = fs::create_dir_all(&t.files)
-        .and_then(|()| {
-            let mut f = fs::File::create(&temp)?;
-            f.write_all(&req.body)?;
-            f.sync_all()
-        })
-        .and_then(|()| fs::rename(&temp, &path));
-    match written {
+    let kept =
+        fs::create_dir_all(&t.files).and_then(|()| crate::state::write_whole(&path, &req.body));
+    match kept {
         Ok(()) => Response::empty(200),
-        Err(e) => {
-            let _ = fs::remove_file(&temp);
-            Response::error(500, format!("cannot keep the upload: {e}"))
-        }
+        Err(e) => Response::error(500, format!("cannot keep the upload: {e}")),
     }
 }
 

@@ -19,6 +19,7 @@ use super::gate::{shared_gate, Clock, CreateGate, CreateRejected, Slots, SystemC
 use super::process::Readers;
 use super::retry::{Retries, RetryPolicy};
 use super::sandbox::E2bSandbox;
+use super::templates::TemplateSource;
 use crate::sandbox::ledger::TAG_LEASE;
 use crate::sandbox::{
     check_id, Backend, CreateSpec, ErrorClass, Killed, Metadata, PauseKind, Paused, Result,
@@ -252,6 +253,11 @@ impl E2bBackend {
         }
     }
 
+    /// The template a task image is made into (built once per content; see `templates`).
+    pub fn template_for(&self, source: &TemplateSource) -> Result<String> {
+        super::templates::ensure(&self.api, &self.config, source)
+    }
+
     /// Sandboxes this backend created and has not yet killed.
     pub fn live_sandboxes(&self) -> usize {
         self.slots.in_use()
@@ -268,9 +274,12 @@ impl E2bBackend {
         } else {
             spec.timeout_secs
         };
+        // A task's image is its own template, made before the run (see `templates`).
         let template = spec
-            .template
-            .clone()
+            .image
+            .as_ref()
+            .and_then(|i| i.template.clone())
+            .or_else(|| spec.template.clone())
             .filter(|t| !t.trim().is_empty())
             .unwrap_or_else(|| self.options.template.clone());
         let new = NewSandbox {

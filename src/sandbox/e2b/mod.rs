@@ -16,6 +16,7 @@
 //! gate.rs      the create-rate gate and the live-sandbox cap
 //! retry.rs     how calls are repeated (policy and its one loop, counts, idempotency keys)
 //! backend.rs   E2bBackend (Backend)
+//! templates.rs templates made from task images, built once per content and recorded
 //! sandbox.rs   E2bSandbox (Sandbox)
 //! ```
 //!
@@ -32,6 +33,7 @@ mod process;
 mod retry;
 mod reuse;
 mod sandbox;
+mod templates;
 
 pub use api::SandboxDetail;
 pub use backend::{E2bBackend, E2bCounters, E2bOptions};
@@ -40,3 +42,4 @@ pub use envd::version::{EnvdRefused, EnvdVersion, MIN_ENVD};
 pub use gate::{Clock, CreateRejected, SystemClock};
 pub use retry::{is_idempotency_key, RetryPolicy};
 pub use sandbox::{E2bSandbox, HOME};
+pub use templates::{TemplateSource, E2B_USER_ID};

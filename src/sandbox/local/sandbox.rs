@@ -51,7 +51,7 @@ impl LocalSandbox {
 
     /// Whether `path` is the image's to serve: the sandbox runs on one, and the path is in
     /// none of the directories the host reaches.
-    fn in_image(&self, path: &str) -> bool {
+    pub fn in_image(&self, path: &str) -> bool {
         self.state.image.is_some()
             && path.starts_with('/')
             && matches!(self.state.locate(path), Err(SandboxError::BadPath { .. }))

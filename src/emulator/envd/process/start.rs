@@ -49,6 +49,17 @@ pub(super) fn start(
         None => None,
         Some(c) => Some(working_dir(entry, c, opts.role)?),
     };
+    // E2B's `root` runs in the sandbox's system namespace, on the host's programs (the runner
+    // with them). On a template's image, a `root` command that starts in one of the image's
+    // own directories (a verifier in the task's working directory; not `/`, where the
+    // system's scripts start) runs on the image instead, as the local backend's verifier:
+    // in the cloud all of root runs on the image.
+    let role = match &local_cwd {
+        Some(c) if opts.role == Role::System && c != "/" && entry.sandbox.in_image(c) => {
+            Role::Verify
+        }
+        _ => opts.role,
+    };
     prune(entry);
     if lock(&entry.procs).len() >= MAX_PROCS {
         return Err(RpcError::new(
@@ -72,7 +83,7 @@ pub(super) fn start(
     let spawned = entry.sandbox.spawn(
         &format!("exec {line}"),
         &SpawnOpts {
-            role: opts.role,
+            role,
             cwd: local_cwd,
             envs: all_envs,
             stdin,
@@ -141,8 +152,10 @@ fn working_dir(entry: &SandboxEntry, cwd: &str, role: Role) -> RpcResult<String>
     let path = paths::normalize(cwd, role).map_err(|e| invalid(e.to_string()))?;
     let missing = || invalid(format!("cwd '{path}' does not exist"));
     // The sandbox's own directories are checked where they are; of the read-only system
-    // directories only `/` is a sensible place to start in.
-    if path != "/" {
+    // directories only `/` is a sensible place to start in. On a template's image, the
+    // image's own directories are the task namespace's to find (a command there starts in
+    // one, or fails to).
+    if path != "/" && !entry.sandbox.in_image(&path) {
         let real = resolve(entry, &path, Follow::All).map_err(|_| missing())?;
         let (files, rel) = entry.sandbox.files(&real).map_err(|_| missing())?;
         if !files.metadata(&rel).is_ok_and(|m| m.is_dir()) {

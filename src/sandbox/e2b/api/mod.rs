@@ -4,6 +4,7 @@
 //! (`RetryPolicy::run`), each attempt bounded by the control-plane limit. A create whose
 //! failure may have made a sandbox says so (`SandboxError::CreateUnconfirmed`).
 
+mod templates;
 mod wire;
 
 use std::cell::Cell;
@@ -27,6 +28,7 @@ use crate::sandbox::{
     ErrorClass, Killed, Metadata, OnTimeout, PauseKind, Paused, Result, SandboxError,
     SandboxSummary,
 };
+pub use templates::TemplateBuild;
 pub use wire::{is_sandbox_id, NewSandbox, SandboxAccess, SandboxDetail};
 use wire::{metadata_query, Listed};
 

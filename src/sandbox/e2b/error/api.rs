@@ -17,6 +17,8 @@ pub enum ApiOp {
     SetTimeout,
     SetNetwork,
     Pause,
+    /// A template build's calls: ask, upload, start, poll, look up.
+    Template,
 }
 
 impl ApiOp {
@@ -30,12 +32,13 @@ impl ApiOp {
             ApiOp::SetTimeout => "setting a sandbox timeout",
             ApiOp::SetNetwork => "updating a sandbox network",
             ApiOp::Pause => "pausing a sandbox",
+            ApiOp::Template => "building a template",
         }
     }
 
     /// Whether the operation names one existing sandbox, so a 404 means it is gone.
     fn names_a_sandbox(self) -> bool {
-        !matches!(self, ApiOp::Create | ApiOp::List)
+        !matches!(self, ApiOp::Create | ApiOp::List | ApiOp::Template)
     }
 }
 

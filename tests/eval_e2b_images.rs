@@ -1,0 +1,146 @@
+//! `eval --backend e2b` on tasks with an `image`: each image becomes a template, built through
+//! E2B's template API (the emulator building it with buildah from a loopback registry), named
+//! by its content and built once; the task runs in the image's working directory.
+
+use std::path::Path;
+
+use serde_json::json;
+
+#[path = "support/registry.rs"]
+mod registry;
+mod support;
+
+use registry::{require, Buildah, Registry};
+use support::e2b_cli::{eval_cmd, Emulator};
+use support::{text, Env};
+
+/// An image of busybox (every applet, and a `/bin/bash` that runs it, as E2B's commands start
+/// with bash) with `user` as uid 1000, a marker file, and `/app` as its working directory.
+fn push_image(registry: &Registry, repo_tag: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for d in ["bin", "etc", "tmp", "app", "home/user"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    let list = std::process::Command::new("/bin/busybox")
+        .arg("--list")
+        .output()
+        .unwrap();
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        if applet != "busybox" && applet != "bash" {
+            std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+        }
+    }
+    std::fs::write(
+        root.join("bin/bash"),
+        "#!/bin/sh\nexec /bin/busybox sh \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        root.join("bin/bash"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("etc/group"), "root:x:0:\nuser:x:1000:\n").unwrap();
+    std::fs::write(root.join("etc/wmo-image-marker"), "on the image\n").unwrap();
+    std::fs::write(root.join("app/given.txt"), "from the image\n").unwrap();
+    Buildah::new().push_tree(
+        &registry.addr,
+        repo_tag,
+        root,
+        &["--env", "PATH=/bin", "--workingdir", "/app"],
+    );
+    format!("{}/{repo_tag}", registry.addr)
+}
+
+fn tasks(env: &Env, image: &str) -> std::path::PathBuf {
+    let step = |command: &str| json!({"tool_calls": [{"name": "bash", "arguments": {"command": command}}]});
+    let submit = json!({"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]});
+    env.write_tasks(&[
+        json!({
+            "id": "on-image", "instruction": "x", "image": image,
+            "files": {"in.txt": "3 4"},
+            "verify": "test \"$(pwd)\" = /app && test -f /etc/wmo-image-marker \
+                       && test \"$(cat out.txt)\" = 7 && grep -q image given.txt",
+            "model_script": [step("echo $((3 + 4)) > out.txt"), submit],
+        })
+        .to_string(),
+        json!({
+            "id": "on-base", "instruction": "x",
+            "verify": "test ! -f /etc/wmo-image-marker && test -s done.txt",
+            "model_script": [step("echo done > done.txt"), submit],
+        })
+        .to_string(),
+    ])
+}
+
+fn build_requests(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("POST /v3/templates"))
+        .count()
+}
+
+#[test]
+fn an_image_task_runs_on_its_own_template_built_once() {
+    require("buildah", "buildah");
+    let registry = Registry::start();
+    let image = push_image(&registry, "wmo/app:1");
+    let env = Env::new();
+    let log = env.path("emulator.log");
+    let emu = Emulator::start_on(&env, &[], &log);
+    let tasks = tasks(&env, &image);
+
+    let o = eval_cmd(&env, &emu, &tasks, &env.out(), &["-j", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let rs = env.results();
+    assert_eq!(rs.len(), 2);
+    assert!(rs.iter().all(|r| r["status"] == "passed"), "{rs:?}");
+    let on_image = rs.iter().find(|r| r["id"] == "on-image").unwrap();
+    let pinned = on_image["provenance"]["image"].as_str().unwrap_or("");
+    assert!(
+        pinned.starts_with(&format!("{image}@sha256:")),
+        "{on_image}"
+    );
+    assert_eq!(build_requests(&log), 1, "one build for one image");
+    let records = std::fs::read_dir(env.home().join("e2b-templates"))
+        .unwrap()
+        .count();
+    assert_eq!(records, 1);
+
+    // Another run on the same content finds the template, and builds nothing.
+    let again = env.path("out-again");
+    let o = eval_cmd(&env, &emu, &tasks, &again, &["-j", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(build_requests(&log), 1, "the second run built again");
+    assert!(emu.live().is_empty(), "{:?}", emu.live());
+}
+
+#[test]
+fn an_image_no_registry_has_stops_the_run_before_any_sandbox() {
+    let registry = Registry::start();
+    let env = Env::new();
+    let log = env.path("emulator.log");
+    let emu = Emulator::start_on(&env, &[], &log);
+    let missing = format!("{}/wmo/never-pushed:1", registry.addr);
+    let tasks = tasks(&env, &missing);
+    let o = eval_cmd(&env, &emu, &tasks, &env.out(), &[])
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("never-pushed"), "{}", text(&o));
+    assert_eq!(build_requests(&log), 0);
+    assert!(emu.live().is_empty());
+    assert!(!env.out().join("results.jsonl").exists());
+}
