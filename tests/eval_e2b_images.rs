@@ -66,8 +66,12 @@ fn tasks(env: &Env, image: &str) -> std::path::PathBuf {
         json!({
             "id": "on-image", "instruction": "x", "image": image,
             "files": {"in.txt": "3 4"},
+            // The template carries the runner's Node.js, which runs on an image with no
+            // C library of its own.
             "verify": "test \"$(pwd)\" = /app && test -f /etc/wmo-image-marker \
-                       && test \"$(cat out.txt)\" = 7 && grep -q image given.txt",
+                       && test \"$(cat out.txt)\" = 7 && grep -q image given.txt \
+                       && test ! -e /lib/libc.so.6 \
+                       && test \"$(/opt/wmo-e2b-node/bin/node -p 6*7)\" = 42",
             "model_script": [step("echo $((3 + 4)) > out.txt"), submit],
         })
         .to_string(),

@@ -19,8 +19,9 @@ use wmo_e2b::pool::Pool;
 use wmo_e2b::provider::metered::Metered;
 use wmo_e2b::provider::Provider;
 use wmo_e2b::report::{self, ReportMode};
+use wmo_e2b::runner::node_layer::{NodeLayer, NODE_LAYER_ARCHIVE_DIR, NODE_LAYER_DIR};
 use wmo_e2b::runner::BootstrapOpts;
-use wmo_e2b::sandbox::e2b::{E2bBackend, TemplateSource};
+use wmo_e2b::sandbox::e2b::{E2bBackend, TemplateFiles, TemplateSource};
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
 use wmo_e2b::sandbox::limits::{self, Limits};
@@ -420,6 +421,17 @@ fn make_environments(
     eprintln!("preparing {} environment(s)", plan.images.len());
     if let Some(e2b) = e2b {
         let records = wmo_e2b::state::state_dir().join("e2b-templates");
+        // The runner's Node.js goes into every template, so any image can run it.
+        let node = NodeLayer::of_host().context("cannot carry Node.js into the templates")?;
+        let archive = || node.archive().map_err(|e| e.to_string());
+        let dest = format!("{NODE_LAYER_DIR}/");
+        let src = format!("{NODE_LAYER_ARCHIVE_DIR}/*");
+        let files = TemplateFiles {
+            hash: &node.hash,
+            src: &src,
+            dest: &dest,
+            archive: &archive,
+        };
         let template_for = |from_image: &str, workdir: Option<&str>| {
             e2b.template_for(&TemplateSource {
                 from_image,
@@ -427,6 +439,7 @@ fn make_environments(
                 timeout: DEFAULT_BUILD_TIMEOUT,
                 records: &records,
                 log_dir: &log_dir,
+                files: Some(&files),
             })
         };
         return Ok(Environments::make_templates(

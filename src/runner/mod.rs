@@ -3,6 +3,7 @@
 
 pub mod assets;
 mod bundle;
+pub mod node_layer;
 pub mod pi;
 
 pub use assets::upload_runner_files;
@@ -171,7 +172,13 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
     // `exec` so the runner is the process the sandbox reports, and its exit code is ours.
     // Command text never names absolute sandbox paths (the working directory is passed
     // separately), so it reads the same wherever a backend keeps the sandbox's home.
-    let command = format!("exec node {}", assets::EPISODE_RUNNER);
+    // A template made of a task's image carries Node.js in its own directory (see
+    // `node_layer`); where there is none, the `node` on `PATH` runs the runner.
+    let command = format!(
+        "PATH={}/bin:$PATH exec node {}",
+        node_layer::NODE_LAYER_DIR,
+        assets::EPISODE_RUNNER
+    );
     let spawn = SpawnOpts {
         role: crate::sandbox::Role::System,
         cwd: Some(dir.clone()),

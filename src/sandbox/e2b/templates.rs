@@ -22,7 +22,7 @@ const MAX_RECORD: u64 = 1 << 20;
 pub const E2B_USER_ID: u32 = 1000;
 
 /// What a task's template is made of.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TemplateSource<'a> {
     /// The image, pinned by digest (`reference@sha256:...`).
     pub from_image: &'a str,
@@ -34,6 +34,19 @@ pub struct TemplateSource<'a> {
     pub records: &'a Path,
     /// The build's log, `<name>.log`.
     pub log_dir: &'a Path,
+    /// Files copied in first (the runner's Node.js).
+    pub files: Option<&'a TemplateFiles<'a>>,
+}
+
+/// An archive a template's `COPY` step copies from: what `src` (a pattern over its entries)
+/// matches goes into `dest`.
+pub struct TemplateFiles<'a> {
+    /// sha256 hex of the content: names the upload, and the template with it.
+    pub hash: &'a str,
+    pub src: &'a str,
+    pub dest: &'a str,
+    /// The gzipped tar, made only when a build needs it.
+    pub archive: &'a dyn Fn() -> std::result::Result<Vec<u8>, String>,
 }
 
 /// What `<records>/<name>.json` holds: a build that finished, on which API.
@@ -59,6 +72,14 @@ pub(super) fn ensure(api: &Api, config: &E2bConfig, source: &TemplateSource) -> 
     }
     let log_path = source.log_dir.join(format!("{name}.log"));
     let build = api.request_build(&name)?;
+    if let Some(files) = source.files {
+        let archive = (files.archive)().map_err(|why| SandboxError::Remote {
+            class: ErrorClass::Transport,
+            message: format!("the files of template {name}: {why}"),
+            source: None,
+        })?;
+        api.upload_files(&build, files.hash, &archive)?;
+    }
     api.start_build(&build, &body)?;
     wait_ready(api, &build, &name, source, &log_path)?;
     let record = Record {
@@ -73,9 +94,18 @@ pub(super) fn ensure(api: &Api, config: &E2bConfig, source: &TemplateSource) -> 
     Ok(name)
 }
 
-/// `TemplateBuildStartV2`: the image, then the working directory made `user`'s.
+/// `TemplateBuildStartV2`: the image, the files copied in, then the working directory made
+/// `user`'s.
 fn build_body(source: &TemplateSource) -> Value {
     let mut steps = Vec::new();
+    if let Some(files) = source.files {
+        steps.push(json!({
+            "type": "COPY",
+            "args": [files.src, files.dest, "", ""],
+            "filesHash": files.hash,
+            "force": false,
+        }));
+    }
     if let Some(dir) = source.workdir.filter(|d| d.starts_with('/') && *d != "/") {
         let dir = crate::sandbox::shell_quote(dir);
         let own = format!("mkdir -p {dir} && chown -R {E2B_USER_ID}:{E2B_USER_ID} {dir}");
@@ -172,6 +202,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             records: Path::new("records"),
             log_dir: Path::new("logs"),
+            files: None,
         }
     }
 
@@ -197,5 +228,29 @@ mod tests {
         let none = build_body(&source("r/a@sha256:1", None));
         assert_eq!(none["steps"], json!([]));
         assert_eq!(none["fromImage"], "r/a@sha256:1");
+    }
+
+    #[test]
+    fn files_copied_in_come_first_and_name_the_template_too() {
+        let archive = || Ok(Vec::new());
+        let files = |hash| TemplateFiles {
+            hash,
+            src: "layer/*",
+            dest: "/opt/layer",
+            archive: &archive,
+        };
+        let (one, two) = (files("11"), files("22"));
+        let with = |f| TemplateSource {
+            files: Some(f),
+            ..source("r/a@sha256:1", Some("/app"))
+        };
+        let body = build_body(&with(&one));
+        assert_eq!(body["steps"][0]["type"], "COPY");
+        assert_eq!(body["steps"][0]["filesHash"], "11");
+        assert_eq!(body["steps"][1]["type"], "RUN");
+        assert_ne!(
+            template_name(&body),
+            template_name(&build_body(&with(&two)))
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Template builds through E2B's API (`shared/docs/e2b-wire.md`, "Template builds"): ask for
-//! a build of a name, start it with its steps, poll its status; and whether a name is taken.
+//! a build of a name, upload a step's files to the URL handed out, start it with its steps,
+//! poll its status; and whether a name is taken.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -7,7 +8,7 @@ use ureq::Agent;
 
 use super::{expect, status_failure, Api};
 use crate::sandbox::e2b::error::ApiOp;
-use crate::sandbox::Result;
+use crate::sandbox::{ErrorClass, Result, SandboxError};
 
 const OP: ApiOp = ApiOp::Template;
 
@@ -42,6 +43,13 @@ pub struct Reason {
     pub message: String,
 }
 
+#[derive(Deserialize)]
+struct UploadLink {
+    present: bool,
+    #[serde(default)]
+    url: Option<String>,
+}
+
 impl Api {
     /// Whether a template answers to `name` (E2B: 200, or 403 when another team owns it).
     pub fn template_exists(&self, name: &str) -> Result<bool> {
@@ -65,6 +73,36 @@ impl Api {
         )?;
         let resp = expect(OP, None, resp, &[200, 201, 202])?;
         self.json(OP, None, resp)
+    }
+
+    /// Uploads a `COPY` step's archive (`files_hash` names it) unless the template has it.
+    pub fn upload_files(
+        &self,
+        build: &TemplateBuild,
+        files_hash: &str,
+        archive: &[u8],
+    ) -> Result<()> {
+        let path = format!("/templates/{}/files/{files_hash}", build.template_id);
+        let resp = self.call(OP, None, Agent::get, &path)?;
+        let resp = expect(OP, None, resp, &[200, 201])?;
+        let link: UploadLink = self.json(OP, None, resp)?;
+        let url = match (link.present, link.url) {
+            (true, _) => return Ok(()),
+            (false, Some(url)) => url,
+            (false, None) => {
+                return Err(SandboxError::Remote {
+                    class: ErrorClass::Transport,
+                    message: format!("{}: the upload link has no URL", OP.describe()),
+                    source: None,
+                })
+            }
+        };
+        // A presigned URL: the API key does not go with it.
+        let resp = self.send(OP, None, |a, _key| a.put(&url).send(archive))?;
+        if !resp.status().is_success() {
+            return Err(status_failure(OP, None, resp));
+        }
+        Ok(())
     }
 
     /// Starts `build` with `body` (`TemplateBuildStartV2`: `fromImage`, `steps`, ...).
