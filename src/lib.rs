@@ -15,6 +15,7 @@ pub mod environment;
 pub mod episode;
 pub mod errors;
 pub mod eval;
+pub mod glob;
 pub mod id;
 pub mod image;
 pub mod pool;

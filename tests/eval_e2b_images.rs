@@ -44,10 +44,15 @@ fn push_image(registry: &Registry, repo_tag: &str) -> String {
     .unwrap();
     std::fs::write(
         root.join("etc/passwd"),
-        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n",
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n\
+         app:x:1000:1000::/home/app:/bin/sh\n",
     )
     .unwrap();
-    std::fs::write(root.join("etc/group"), "root:x:0:\nuser:x:1000:\n").unwrap();
+    std::fs::write(
+        root.join("etc/group"),
+        "root:x:0:\nuser:x:1000:\napp:x:1000:\n",
+    )
+    .unwrap();
     std::fs::write(root.join("etc/wmo-image-marker"), "on the image\n").unwrap();
     std::fs::write(root.join("app/given.txt"), "from the image\n").unwrap();
     Buildah::new().push_tree(
@@ -147,4 +152,48 @@ fn an_image_no_registry_has_stops_the_run_before_any_sandbox() {
     assert_eq!(build_requests(&log), 0);
     assert!(emu.live().is_empty());
     assert!(!env.out().join("results.jsonl").exists());
+}
+
+#[test]
+fn harbor_dockerfiles_become_templates_and_their_verdicts_hold() {
+    require("buildah", "buildah");
+    let registry = Registry::start();
+    let base = push_image(&registry, "wmo/base:1");
+    let env = Env::new();
+    let log = env.path("emulator.log");
+    let emu = Emulator::start_on(&env, &[], &log);
+    let dataset = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harbor/built");
+    let build_arg = format!("BASE={base}");
+    let run = |harness: &str, out: &Path| {
+        let extra = ["--harness", harness, "-j", "2", "--build-arg", &build_arg];
+        let o = eval_cmd(&env, &emu, &dataset, out, &extra)
+            .output()
+            .unwrap();
+        let results = std::fs::read_to_string(out.join("results.jsonl")).unwrap_or_default();
+        (o, results)
+    };
+    let (o, results) = run("oracle", &env.out());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let rs: Vec<serde_json::Value> = results
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rs.len(), 3);
+    assert!(rs.iter().all(|r| r["status"] == "passed"), "{rs:?}");
+    for r in &rs {
+        let pinned = r["provenance"]["image"].as_str().unwrap_or("");
+        assert!(
+            pinned.starts_with("dockerfile:") && pinned.contains("@sha256:"),
+            "{r}"
+        );
+    }
+    assert_eq!(build_requests(&log), 3, "one template per Dockerfile");
+
+    // The same templates, and an agent that does nothing: every verdict fails.
+    let (o, results) = run("nop", &env.path("out-nop"));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(results.lines().count(), 3);
+    assert!(!results.contains("\"passed\""), "{results}");
+    assert_eq!(build_requests(&log), 3, "the second run built again");
+    assert!(emu.live().is_empty(), "{:?}", emu.live());
 }

@@ -202,27 +202,8 @@ fn refused(env: &Env, tasks: &Path, extra: &[&str]) -> String {
 }
 
 #[test]
-fn dockerfiles_are_refused_off_the_local_backend() {
+fn a_task_naming_both_an_image_and_a_dockerfile_is_refused() {
     let env = Env::new();
-    // Dockerfiles are built and run locally (tests/eval_build.rs); E2B builds none of them
-    // (an `image` task gets a template: tests/eval_e2b_images.rs).
-    let docker =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harbor/with-dockerfile");
-    let e = refused(&env, &docker, &["--harness", "oracle", "--backend", "e2b"]);
-    assert!(
-        e.contains("with-dockerfile") && e.contains("Dockerfile") && e.contains("local backend"),
-        "{e}"
-    );
-    let path = env.write_tasks(&[json!({
-        "id": "built", "instruction": "x", "dockerfile": "env/Dockerfile"
-    })
-    .to_string()]);
-    let e = refused(&env, &path, &["--backend", "e2b"]);
-    assert!(
-        e.contains("env/Dockerfile") && e.contains("local backend"),
-        "{e}"
-    );
-
     let path = env.write_tasks(&[json!({
         "id": "both", "instruction": "x", "image": "a", "dockerfile": "Dockerfile"
     })

@@ -148,7 +148,6 @@ fn a_task_whose_handling_panics_ends_as_error_its_sandbox_killed_and_the_run_goe
         harness: "builtin".into(),
         attempts: 1,
         image: None,
-        builds_dockerfiles: true,
     })
     .unwrap();
     let backend = LocalBackend::open(&env.home()).unwrap();

@@ -6,22 +6,22 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use wmo_e2b::eval::environments::BuildOptions;
+use wmo_e2b::eval::environments::{BuildOptions, TemplatePlan};
 use wmo_e2b::eval::plan::{self, EvalOptions, PlanError};
 use wmo_e2b::eval::provenance::{self, Provenance, TasksFile};
 use wmo_e2b::eval::shard;
+use wmo_e2b::eval::templates::E2bTemplates;
 use wmo_e2b::eval::{
     self, Environments, EvalLimits, EvalRun, Harness, RunControl, Verdict, VerifierMode,
 };
-use wmo_e2b::image::build::DEFAULT_BUILD_TIMEOUT;
 use wmo_e2b::image::{RegistryConfig, Store};
 use wmo_e2b::pool::Pool;
 use wmo_e2b::provider::metered::Metered;
 use wmo_e2b::provider::Provider;
 use wmo_e2b::report::{self, ReportMode};
-use wmo_e2b::runner::node_layer::{NodeLayer, NODE_LAYER_ARCHIVE_DIR, NODE_LAYER_DIR};
+use wmo_e2b::runner::node_layer::NodeLayer;
 use wmo_e2b::runner::BootstrapOpts;
-use wmo_e2b::sandbox::e2b::{E2bBackend, TemplateFiles, TemplateSource};
+use wmo_e2b::sandbox::e2b::E2bBackend;
 use wmo_e2b::sandbox::leased::LeasedBackend;
 use wmo_e2b::sandbox::ledger::Ledger;
 use wmo_e2b::sandbox::limits::{self, Limits};
@@ -243,7 +243,6 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         harness: args.harness.clone(),
         attempts: args.attempts,
         image: args.image.clone(),
-        builds_dockerfiles: args.backend == BackendKind::Local,
     })
     .map_err(|e| match e {
         PlanError::Tasks(t) => anyhow::Error::new(t),
@@ -423,30 +422,19 @@ fn make_environments(
         let records = wmo_e2b::state::state_dir().join("e2b-templates");
         // The runner's Node.js goes into every template, so any image can run it.
         let node = NodeLayer::of_host().context("cannot carry Node.js into the templates")?;
-        let archive = || node.archive().map_err(|e| e.to_string());
-        let dest = format!("{NODE_LAYER_DIR}/");
-        let src = format!("{NODE_LAYER_ARCHIVE_DIR}/*");
-        let files = TemplateFiles {
-            hash: &node.hash,
-            src: &src,
-            dest: &dest,
-            archive: &archive,
+        let maker = E2bTemplates {
+            e2b,
+            node: &node,
+            records: &records,
+            log_dir: &log_dir,
         };
-        let template_for = |from_image: &str, workdir: Option<&str>| {
-            e2b.template_for(&TemplateSource {
-                from_image,
-                workdir,
-                timeout: DEFAULT_BUILD_TIMEOUT,
-                records: &records,
-                log_dir: &log_dir,
-                files: Some(&files),
-            })
-        };
+        let template_for = |plan: &TemplatePlan| maker.make(plan);
         return Ok(Environments::make_templates(
             &plan.images,
             args.image.as_deref(),
             &store,
             &config,
+            build_args,
             &template_for,
         )?);
     }

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::templates::plan_of;
+pub use super::templates::TemplatePlan;
 use crate::image::store::StoreLock;
 use crate::image::{self, BuildError, BuildRequest, ImageError, PulledImage, Reference};
 use crate::image::{RegistryConfig, Store};
@@ -66,8 +68,8 @@ impl Source {
     }
 }
 
-/// Makes a template of an image (pinned by digest) with its working directory; its name.
-pub type TemplateFor<'a> = dyn Fn(&str, Option<&str>) -> Result<String, SandboxError> + 'a;
+/// Makes a template of a plan; its name.
+pub type TemplateFor<'a> = dyn Fn(&TemplatePlan) -> Result<String, SandboxError> + 'a;
 
 /// How the run's Dockerfiles are built.
 #[derive(Debug, Clone, Copy)]
@@ -98,6 +100,18 @@ pub enum EnvironmentError {
     },
     #[error("cannot open the image store: {0}")]
     Store(#[source] image::store::StoreError),
+    #[error("{}: {source}", path.display())]
+    Dockerfile {
+        path: PathBuf,
+        #[source]
+        source: crate::image::dockerfile::DockerfileError,
+    },
+    #[error("{}: {source}", context.display())]
+    Context {
+        context: PathBuf,
+        #[source]
+        source: crate::image::context_archive::ArchiveError,
+    },
     #[error("{name}: no template made of it: {source}")]
     Template {
         name: String,
@@ -113,6 +127,7 @@ impl EnvironmentError {
         match self {
             EnvironmentError::Image { source, .. } => source.is_bad_input(),
             EnvironmentError::Build(e) => e.is_bad_input(),
+            EnvironmentError::Dockerfile { .. } | EnvironmentError::Context { .. } => true,
             EnvironmentError::Unpack { .. }
             | EnvironmentError::Store(_)
             | EnvironmentError::Template { .. } => false,
@@ -188,14 +203,15 @@ impl Environments {
         Ok(made)
     }
 
-    /// A template made of every image in `sources`, by `template_for` (given the image pinned
-    /// by digest and its working directory): for a backend that holds images itself (E2B).
-    /// This machine only resolves each image's digest and reads its config.
+    /// A template made of every environment in `sources` by `template_for`: for a backend
+    /// that holds images itself (E2B). This machine resolves each image to its digest and
+    /// reads its config, and a Dockerfile's steps and build context (see `templates`).
     pub fn make_templates(
         sources: &[Source],
         default: Option<&str>,
         store: &Store,
         config: &RegistryConfig,
+        build_args: &[(String, String)],
         template_for: &TemplateFor,
     ) -> Result<Environments, EnvironmentError> {
         let mut made = Environments {
@@ -204,53 +220,28 @@ impl Environments {
         };
         for source in sources {
             let name = source.name();
-            let Source::Image(reference) = source else {
-                return Err(EnvironmentError::Template {
-                    name,
-                    source: SandboxError::Unsupported(
-                        "a Dockerfile is built on the local backend only".into(),
-                    ),
-                });
-            };
             if made.roots.contains_key(&name) {
                 continue;
             }
-            let image_error = |source| EnvironmentError::Image {
-                reference: reference.clone(),
-                source,
-            };
-            let parsed = Reference::parse(reference).map_err(|e| image_error(e.into()))?;
-            let resolved = image::pull::resolve(&parsed, store, config).map_err(image_error)?;
-            let pinned = Reference {
-                tag: None,
-                digest: Some(resolved.digest.clone()),
-                ..parsed
-            }
-            .to_string();
-            let workdir = resolved.config.working_dir.clone();
-            let template = template_for(&pinned, workdir.as_deref()).map_err(|source| {
-                EnvironmentError::Template {
+            let planned = plan_of(source, store, config, build_args)?;
+            let template =
+                template_for(&planned.plan).map_err(|source| EnvironmentError::Template {
                     name: name.clone(),
                     source,
-                }
-            })?;
-            let env = resolved
-                .config
-                .env
-                .iter()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
+                })?;
             let root = ImageRoot {
-                id: resolved.manifest_digest.as_str().to_string(),
+                id: planned.id,
                 rootfs: PathBuf::new(),
-                env,
-                workdir,
+                env: planned.env,
+                workdir: planned.plan.workdir.clone(),
                 user: E2B_USER_ID,
                 shell: "/bin/bash".into(),
                 template: Some(template),
             };
-            let digest = resolved.digest.as_str().to_string();
+            if let Source::Dockerfile { path, .. } = source {
+                made.dockerfiles.insert(path.clone(), name.clone());
+            }
+            let digest = planned.digest;
             made.roots.insert(name, Made { root, digest });
         }
         Ok(made)

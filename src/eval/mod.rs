@@ -25,6 +25,7 @@ mod scripts;
 pub mod shard;
 pub mod spend;
 mod summary;
+pub mod templates;
 mod verdict;
 mod verifier;
 mod workspace;

@@ -36,9 +36,6 @@ pub struct EvalOptions {
     pub attempts: u32,
     /// The environment of every task that names none (`--image`).
     pub image: Option<String>,
-    /// Whether the backend builds tasks' Dockerfiles (the local one does; E2B makes
-    /// templates from images, not from Dockerfiles yet).
-    pub builds_dockerfiles: bool,
 }
 
 /// A run, ready to start: its tasks, its harness, and its output directory, locked.
@@ -75,10 +72,6 @@ pub enum PlanError {
     Locked(RunLockError),
     #[error(transparent)]
     Results(#[from] ResultsError),
-    #[error(
-        "task {id:?} runs on {image}, and Dockerfiles are built on the local backend only: on E2B give the task an `image` (a template is made from it)"
-    )]
-    DockerfileUnsupported { id: String, image: String },
     #[error("cannot create the output directory {path}")]
     Io {
         path: PathBuf,
@@ -91,9 +84,7 @@ impl PlanError {
     /// Bad options or input files (exit 2), rather than a machine that cannot run the plan.
     pub fn is_usage(&self) -> bool {
         match self {
-            PlanError::Usage(_) | PlanError::Tasks(_) | PlanError::DockerfileUnsupported { .. } => {
-                true
-            }
+            PlanError::Usage(_) | PlanError::Tasks(_) => true,
             PlanError::Locked(e) => matches!(e, RunLockError::Held { .. }),
             PlanError::Results(_) | PlanError::Io { .. } => false,
         }
@@ -120,9 +111,7 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
             .map_err(|why| PlanError::Usage(format!("--image: {why}")))?;
     }
     // Every task is checked; only this shard's are kept, as places in the tasks file (or
-    // held whole, read from task directories). Refused before anything starts: an
-    // environment this backend cannot run.
-    let mut unsupported = None;
+    // held whole, read from task directories).
     let mut images: Vec<Source> = Vec::new();
     // Dockerfiles are named relative to what the user named: the tasks file's directory, or
     // the task directory or dataset.
@@ -136,18 +125,10 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
     };
     let mut keep = |t: &Task| {
         let kept = shard.is_none_or(|s| s.holds(&t.id));
-        if !kept || unsupported.is_some() {
-            return kept;
-        }
-        match environment_of(t, opts.image.as_deref(), &base) {
-            Some(source @ Source::Dockerfile { .. }) if !opts.builds_dockerfiles => {
-                unsupported = Some(PlanError::DockerfileUnsupported {
-                    id: crate::terminal::escape(&t.id).into_owned(),
-                    image: crate::terminal::escape(&source.describe()).into_owned(),
-                })
+        if kept {
+            if let Some(source) = environment_of(t, opts.image.as_deref(), &base) {
+                add_source(&mut images, source);
             }
-            Some(source) => add_source(&mut images, source),
-            None => {}
         }
         kept
     };
@@ -157,9 +138,6 @@ pub fn plan(opts: &EvalOptions) -> Result<EvalPlan, PlanError> {
     } else {
         TaskList::index_where(&opts.tasks_file, &mut keep)?
     };
-    if let Some(refused) = unsupported {
-        return Err(refused);
-    }
     let base = opts.out.clone().unwrap_or_else(default_out_dir);
     let out_dir = match shard {
         Some(s) => {

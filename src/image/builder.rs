@@ -156,7 +156,7 @@ pub(super) fn from_registries(dockerfile: &str, args: &[(String, String)]) -> BT
 }
 
 /// The Dockerfile's instructions, continuation lines joined and comments dropped.
-fn logical_lines(text: &str) -> Vec<String> {
+pub(super) fn logical_lines(text: &str) -> Vec<String> {
     let escape = text
         .lines()
         .take_while(|l| l.trim_start().starts_with('#'))
@@ -192,7 +192,7 @@ fn logical_lines(text: &str) -> Vec<String> {
 
 /// `$NAME`, `${NAME}` and `${NAME:-default}` of `vars` in `word`; unknown names are empty,
 /// as the builders make them.
-fn substitute(word: &str, vars: &[(String, String)]) -> String {
+pub(super) fn substitute(word: &str, vars: &[(String, String)]) -> String {
     let lookup = |name: &str| {
         vars.iter()
             .rev()

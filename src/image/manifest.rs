@@ -209,6 +209,17 @@ pub struct ImageConfig {
     pub architecture: Option<String>,
 }
 
+impl ImageConfig {
+    /// `Env` as names and values (an entry without `=` is no variable).
+    pub fn env_pairs(&self) -> Vec<(String, String)> {
+        self.env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+}
+
 #[derive(Deserialize)]
 struct RawConfig {
     os: Option<String>,

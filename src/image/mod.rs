@@ -7,6 +7,8 @@ pub mod build;
 pub mod build_key;
 mod build_run;
 pub mod builder;
+pub mod context_archive;
+pub mod dockerfile;
 pub mod error;
 mod layer;
 pub mod manifest;

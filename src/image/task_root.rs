@@ -14,12 +14,7 @@ use crate::sandbox::ImageRoot;
 pub fn task_root(pulled: &PulledImage, store: &Store) -> Result<ImageRoot, UnpackError> {
     let rootfs = unpacked_root(pulled, store)?;
     let config = &pulled.config;
-    let env = config
-        .env
-        .iter()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let env = config.env_pairs();
     Ok(ImageRoot {
         id: pulled.manifest_digest.as_str().to_string(),
         workdir: config.working_dir.clone().filter(|w| is_dir_in(&rootfs, w)),

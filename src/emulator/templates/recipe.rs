@@ -4,6 +4,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::glob::is_pattern;
+
 /// Where each `COPY` step's files are laid out in the build context, by step index.
 pub(super) const STEPS_DIR: &str = "steps";
 /// Steps in one build: the SDK's templates have tens.
@@ -192,7 +194,7 @@ pub(super) fn copy_target<'a>(src: &'a str, dest: &'a str) -> (&'a str, Option<&
     if is_pattern(src) {
         return (dest, None);
     }
-    if dest.ends_with('/') {
+    if is_dir_path(dest) {
         return (dest, Some(base(src)));
     }
     match dest.trim_end_matches('/').rsplit_once('/') {
@@ -202,8 +204,9 @@ pub(super) fn copy_target<'a>(src: &'a str, dest: &'a str) -> (&'a str, Option<&
     }
 }
 
-pub(super) fn is_pattern(s: &str) -> bool {
-    s.contains(['*', '?', '['])
+/// A destination that names a directory: it ends with `/`, or is `.` (or ends `/.`).
+pub(super) fn is_dir_path(dest: &str) -> bool {
+    dest.ends_with('/') || dest == "." || dest.ends_with("/.")
 }
 
 fn one_line(s: &str) -> Option<&str> {
@@ -300,6 +303,7 @@ mod tests {
         assert_eq!(copy_target("a.txt", "b.txt"), (".", Some("b.txt")));
         assert_eq!(copy_target("a.txt", "/b"), ("/", Some("b")));
         assert_eq!(copy_target("dir", "/opt/dir"), ("/opt", Some("dir")));
+        assert_eq!(copy_target("a.txt", "."), (".", Some("a.txt")));
         let file = dockerfile(&recipe(vec![step(
             "COPY",
             &["a.txt", "/app/b.txt", "1000", "0755"],

@@ -27,6 +27,9 @@ use crate::sandbox::{
 };
 use crate::sync::lock;
 
+/// Variables of an image a sandbox is not created with (see [`E2bBackend::create_e2b`]).
+const IMAGE_ENV_KEPT_OUT: &[&str] = &["PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR"];
+
 /// How the backend behaves; every wait it makes is bounded by one of these.
 #[derive(Debug, Clone)]
 pub struct E2bOptions {
@@ -286,7 +289,17 @@ impl E2bBackend {
             template: template.clone(),
             timeout_secs: timeout,
             metadata: spec.metadata.clone(),
-            env_vars: spec.envs.iter().cloned().collect::<BTreeMap<_, _>>(),
+            // An image's variables (E2B keeps a template's only for its build) beneath the
+            // spec's own; not those that say who and where a process is, nor `PATH`, which
+            // the runner's and envd's commands need as E2B sets it.
+            env_vars: spec
+                .image
+                .iter()
+                .flat_map(|i| i.env.iter())
+                .filter(|(k, _)| !IMAGE_ENV_KEPT_OUT.contains(&k.as_str()))
+                .chain(&spec.envs)
+                .cloned()
+                .collect::<BTreeMap<_, _>>(),
             internet: spec.internet,
             // The lease id is unique per create and already of the key's form.
             idempotency_key: spec.metadata.get(TAG_LEASE).cloned(),

@@ -42,4 +42,4 @@ pub use envd::version::{EnvdRefused, EnvdVersion, MIN_ENVD};
 pub use gate::{Clock, CreateRejected, SystemClock};
 pub use retry::{is_idempotency_key, RetryPolicy};
 pub use sandbox::{E2bSandbox, HOME};
-pub use templates::{TemplateFiles, TemplateSource, E2B_USER_ID};
+pub use templates::{TemplateSource, Upload, E2B_USER_ID};

@@ -34,17 +34,17 @@ pub struct TemplateSource<'a> {
     pub records: &'a Path,
     /// The build's log, `<name>.log`.
     pub log_dir: &'a Path,
-    /// Files copied in first (the runner's Node.js).
-    pub files: Option<&'a TemplateFiles<'a>>,
+    /// The template's steps (`TemplateStep`s: `RUN`, `COPY`, `ENV`, `WORKDIR`, `USER`), in
+    /// order; the step that gives the working directory to `user` follows them.
+    pub steps: &'a [Value],
+    /// The archives the `COPY` steps name by `filesHash`.
+    pub uploads: &'a [Upload<'a>],
 }
 
-/// An archive a template's `COPY` step copies from: what `src` (a pattern over its entries)
-/// matches goes into `dest`.
-pub struct TemplateFiles<'a> {
-    /// sha256 hex of the content: names the upload, and the template with it.
+/// An archive a template's `COPY` step copies from.
+pub struct Upload<'a> {
+    /// sha256 hex of the content: the step's `filesHash`.
     pub hash: &'a str,
-    pub src: &'a str,
-    pub dest: &'a str,
     /// The gzipped tar, made only when a build needs it.
     pub archive: &'a dyn Fn() -> std::result::Result<Vec<u8>, String>,
 }
@@ -72,13 +72,13 @@ pub(super) fn ensure(api: &Api, config: &E2bConfig, source: &TemplateSource) -> 
     }
     let log_path = source.log_dir.join(format!("{name}.log"));
     let build = api.request_build(&name)?;
-    if let Some(files) = source.files {
-        let archive = (files.archive)().map_err(|why| SandboxError::Remote {
-            class: ErrorClass::Transport,
+    for upload in source.uploads {
+        let archive = (upload.archive)().map_err(|why| SandboxError::Remote {
+            class: ErrorClass::BadRequest,
             message: format!("the files of template {name}: {why}"),
             source: None,
         })?;
-        api.upload_files(&build, files.hash, &archive)?;
+        api.upload_files(&build, upload.hash, &archive)?;
     }
     api.start_build(&build, &body)?;
     wait_ready(api, &build, &name, source, &log_path)?;
@@ -94,18 +94,9 @@ pub(super) fn ensure(api: &Api, config: &E2bConfig, source: &TemplateSource) -> 
     Ok(name)
 }
 
-/// `TemplateBuildStartV2`: the image, the files copied in, then the working directory made
-/// `user`'s.
+/// `TemplateBuildStartV2`: the image, its steps, then the working directory made `user`'s.
 fn build_body(source: &TemplateSource) -> Value {
-    let mut steps = Vec::new();
-    if let Some(files) = source.files {
-        steps.push(json!({
-            "type": "COPY",
-            "args": [files.src, files.dest, "", ""],
-            "filesHash": files.hash,
-            "force": false,
-        }));
-    }
+    let mut steps = source.steps.to_vec();
     if let Some(dir) = source.workdir.filter(|d| d.starts_with('/') && *d != "/") {
         let dir = crate::sandbox::shell_quote(dir);
         let own = format!("mkdir -p {dir} && chown -R {E2B_USER_ID}:{E2B_USER_ID} {dir}");
@@ -202,7 +193,8 @@ mod tests {
             timeout: Duration::from_secs(1),
             records: Path::new("records"),
             log_dir: Path::new("logs"),
-            files: None,
+            steps: &[],
+            uploads: &[],
         }
     }
 
@@ -231,21 +223,14 @@ mod tests {
     }
 
     #[test]
-    fn files_copied_in_come_first_and_name_the_template_too() {
-        let archive = || Ok(Vec::new());
-        let files = |hash| TemplateFiles {
-            hash,
-            src: "layer/*",
-            dest: "/opt/layer",
-            archive: &archive,
-        };
-        let (one, two) = (files("11"), files("22"));
-        let with = |f| TemplateSource {
-            files: Some(f),
+    fn steps_come_before_the_working_directory_and_name_the_template_too() {
+        let copy = |hash: &str| json!({"type": "COPY", "args": ["a/*", "/opt/a", "", ""], "filesHash": hash});
+        let (one, two) = ([copy("11")], [copy("22")]);
+        let with = |steps| TemplateSource {
+            steps,
             ..source("r/a@sha256:1", Some("/app"))
         };
         let body = build_body(&with(&one));
-        assert_eq!(body["steps"][0]["type"], "COPY");
         assert_eq!(body["steps"][0]["filesHash"], "11");
         assert_eq!(body["steps"][1]["type"], "RUN");
         assert_ne!(

@@ -52,12 +52,10 @@ pub(super) fn start(
     // E2B's `root` runs in the sandbox's system namespace, on the host's programs (the runner
     // with them). On a template's image, a `root` command that starts in one of the image's
     // own directories (a verifier in the task's working directory; not `/`, where the
-    // system's scripts start) runs on the image instead, as the local backend's verifier:
-    // in the cloud all of root runs on the image.
+    // system's scripts start) runs on the image instead, in the task namespace: in the cloud
+    // all of root runs on the image, and the emulator's root is uid 1000 either way.
     let role = match &local_cwd {
-        Some(c) if opts.role == Role::System && c != "/" && entry.sandbox.in_image(c) => {
-            Role::Verify
-        }
+        Some(c) if opts.role == Role::System && c != "/" && entry.sandbox.in_image(c) => Role::Task,
         _ => opts.role,
     };
     prune(entry);
