@@ -89,6 +89,34 @@ fn tasks(env: &Env, image: &str) -> std::path::PathBuf {
     ])
 }
 
+/// A loopback registry holding an image pushed as `repo_tag`, and an emulator building
+/// templates from it on a scratch environment's state.
+struct Scene {
+    _registry: Registry,
+    image: String,
+    env: Env,
+    log: std::path::PathBuf,
+    emu: Emulator,
+}
+
+impl Scene {
+    fn new(repo_tag: &str) -> Scene {
+        require("buildah", "buildah");
+        let registry = Registry::start();
+        let image = push_image(&registry, repo_tag);
+        let env = Env::new();
+        let log = env.path("emulator.log");
+        let emu = Emulator::start_on(&env, &[], &log);
+        Scene {
+            _registry: registry,
+            image,
+            env,
+            log,
+            emu,
+        }
+    }
+}
+
 fn build_requests(log: &Path) -> usize {
     std::fs::read_to_string(log)
         .unwrap_or_default()
@@ -99,15 +127,11 @@ fn build_requests(log: &Path) -> usize {
 
 #[test]
 fn an_image_task_runs_on_its_own_template_built_once() {
-    require("buildah", "buildah");
-    let registry = Registry::start();
-    let image = push_image(&registry, "wmo/app:1");
-    let env = Env::new();
-    let log = env.path("emulator.log");
-    let emu = Emulator::start_on(&env, &[], &log);
-    let tasks = tasks(&env, &image);
+    let scene = Scene::new("wmo/app:1");
+    let (env, log, emu, image) = (&scene.env, &scene.log, &scene.emu, &scene.image);
+    let tasks = tasks(env, image);
 
-    let o = eval_cmd(&env, &emu, &tasks, &env.out(), &["-j", "2"])
+    let o = eval_cmd(env, emu, &tasks, &env.out(), &["-j", "2"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -120,7 +144,7 @@ fn an_image_task_runs_on_its_own_template_built_once() {
         pinned.starts_with(&format!("{image}@sha256:")),
         "{on_image}"
     );
-    assert_eq!(build_requests(&log), 1, "one build for one image");
+    assert_eq!(build_requests(log), 1, "one build for one image");
     let records = std::fs::read_dir(env.home().join("e2b-templates"))
         .unwrap()
         .count();
@@ -128,11 +152,11 @@ fn an_image_task_runs_on_its_own_template_built_once() {
 
     // Another run on the same content finds the template, and builds nothing.
     let again = env.path("out-again");
-    let o = eval_cmd(&env, &emu, &tasks, &again, &["-j", "2"])
+    let o = eval_cmd(env, emu, &tasks, &again, &["-j", "2"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert_eq!(build_requests(&log), 1, "the second run built again");
+    assert_eq!(build_requests(log), 1, "the second run built again");
     assert!(emu.live().is_empty(), "{:?}", emu.live());
 }
 
@@ -156,19 +180,13 @@ fn an_image_no_registry_has_stops_the_run_before_any_sandbox() {
 
 #[test]
 fn harbor_dockerfiles_become_templates_and_their_verdicts_hold() {
-    require("buildah", "buildah");
-    let registry = Registry::start();
-    let base = push_image(&registry, "wmo/base:1");
-    let env = Env::new();
-    let log = env.path("emulator.log");
-    let emu = Emulator::start_on(&env, &[], &log);
+    let scene = Scene::new("wmo/base:1");
+    let (env, log, emu, base) = (&scene.env, &scene.log, &scene.emu, &scene.image);
     let dataset = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harbor/built");
     let build_arg = format!("BASE={base}");
     let run = |harness: &str, out: &Path| {
         let extra = ["--harness", harness, "-j", "2", "--build-arg", &build_arg];
-        let o = eval_cmd(&env, &emu, &dataset, out, &extra)
-            .output()
-            .unwrap();
+        let o = eval_cmd(env, emu, &dataset, out, &extra).output().unwrap();
         let results = std::fs::read_to_string(out.join("results.jsonl")).unwrap_or_default();
         (o, results)
     };
@@ -187,13 +205,47 @@ fn harbor_dockerfiles_become_templates_and_their_verdicts_hold() {
             "{r}"
         );
     }
-    assert_eq!(build_requests(&log), 3, "one template per Dockerfile");
+    assert_eq!(build_requests(log), 3, "one template per Dockerfile");
 
     // The same templates, and an agent that does nothing: every verdict fails.
     let (o, results) = run("nop", &env.path("out-nop"));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert_eq!(results.lines().count(), 3);
     assert!(!results.contains("\"passed\""), "{results}");
-    assert_eq!(build_requests(&log), 3, "the second run built again");
+    assert_eq!(build_requests(log), 3, "the second run built again");
     assert!(emu.live().is_empty(), "{:?}", emu.live());
+}
+
+#[test]
+fn a_dockerfile_tasks_environment_reaches_its_commands_and_its_verifier() {
+    let scene = Scene::new("wmo/base:1");
+    let (env, log, emu, base) = (&scene.env, &scene.log, &scene.emu, &scene.image);
+    let ctx = env.path("env");
+    std::fs::create_dir_all(ctx.join("data/nested")).unwrap();
+    std::fs::write(ctx.join("data/nested/x.txt"), "copied\n").unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "ARG BASE\nFROM ${BASE}\nCOPY data/ /srv/data/\nENV MARKER=from-dockerfile\n\
+         RUN test -f /srv/data/nested/x.txt\nWORKDIR /srv/work\nCMD [\"sh\"]\n",
+    )
+    .unwrap();
+    let step = json!({"tool_calls": [{"name": "bash", "arguments": {"command": "echo \"$MARKER\" > out.txt"}}]});
+    let submit = json!({"tool_calls": [{"name": "submit", "arguments": {"answer": "ok"}}]});
+    let tasks = env.write_tasks(&[json!({
+        "id": "built", "instruction": "x", "dockerfile": "env/Dockerfile",
+        // The Dockerfile's ENV reaches the agent's commands and the verifier alike.
+        "verify": "test \"$(pwd)\" = /srv/work && test \"$MARKER\" = from-dockerfile \
+                   && test \"$(cat out.txt)\" = from-dockerfile \
+                   && test \"$(cat /srv/data/nested/x.txt)\" = copied",
+        "model_script": [step, submit],
+    })
+    .to_string()]);
+    let build_arg = format!("BASE={base}");
+    let o = eval_cmd(env, emu, &tasks, &env.out(), &["--build-arg", &build_arg])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let rs = env.results();
+    assert_eq!(rs[0]["status"], "passed", "{:?}", rs[0]);
+    assert_eq!(build_requests(log), 1);
 }

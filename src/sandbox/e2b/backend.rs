@@ -285,18 +285,23 @@ impl E2bBackend {
             .or_else(|| spec.template.clone())
             .filter(|t| !t.trim().is_empty())
             .unwrap_or_else(|| self.options.template.clone());
+        // Not those that say who and where a process is, nor `PATH`, which the runner's and
+        // envd's commands need as E2B sets it.
+        let image_env: Vec<(String, String)> = spec
+            .image
+            .iter()
+            .flat_map(|i| i.env.iter())
+            .filter(|(k, _)| !IMAGE_ENV_KEPT_OUT.contains(&k.as_str()))
+            .cloned()
+            .collect();
         let new = NewSandbox {
             template: template.clone(),
             timeout_secs: timeout,
             metadata: spec.metadata.clone(),
             // An image's variables (E2B keeps a template's only for its build) beneath the
-            // spec's own; not those that say who and where a process is, nor `PATH`, which
-            // the runner's and envd's commands need as E2B sets it.
-            env_vars: spec
-                .image
+            // spec's own.
+            env_vars: image_env
                 .iter()
-                .flat_map(|i| i.env.iter())
-                .filter(|(k, _)| !IMAGE_ENV_KEPT_OUT.contains(&k.as_str()))
                 .chain(&spec.envs)
                 .cloned()
                 .collect::<BTreeMap<_, _>>(),
@@ -324,7 +329,7 @@ impl E2bBackend {
         };
         permit.keep();
         lock(&self.holding).insert(access.sandbox_id.clone());
-        Ok(Arc::new(self.handle(access, version)))
+        Ok(Arc::new(self.handle(access, version, image_env)))
     }
 
     /// Opens an existing sandbox by id (resuming it if paused) and returns its concrete handle.
@@ -337,7 +342,7 @@ impl E2bBackend {
         let template = access.template_id.as_deref().unwrap_or(id);
         let version =
             version::check(template, access.envd_version.as_deref()).map_err(envd_refused)?;
-        Ok(Arc::new(self.handle(access, version)))
+        Ok(Arc::new(self.handle(access, version, Vec::new())))
     }
 
     /// What the control plane knows about one sandbox.
@@ -346,7 +351,14 @@ impl E2bBackend {
         self.api.info(id)
     }
 
-    fn handle(&self, access: SandboxAccess, version: Option<EnvdVersion>) -> E2bSandbox {
+    /// `image_env`: the variables of the image the sandbox's template was made of, which its
+    /// verifier gets too (its command starts from an empty environment).
+    fn handle(
+        &self,
+        access: SandboxAccess,
+        version: Option<EnvdVersion>,
+        image_env: Vec<(String, String)>,
+    ) -> E2bSandbox {
         let base = self
             .config
             .envd_base(&access.sandbox_id, access.domain.as_deref());
@@ -364,6 +376,7 @@ impl E2bBackend {
             envd,
             Arc::clone(&self.api),
             Arc::clone(&self.readers),
+            image_env,
         )
     }
 

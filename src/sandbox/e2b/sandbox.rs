@@ -64,6 +64,8 @@ pub struct E2bSandbox {
     /// Pids of the `Role::System` processes this handle started (the runner): a reset keeps
     /// them and their descendants.
     system_pids: Mutex<Vec<u32>>,
+    /// The image's variables (see `E2bBackend::create_e2b`), beneath a verifier's own.
+    image_env: Vec<(String, String)>,
 }
 
 impl E2bSandbox {
@@ -74,8 +76,10 @@ impl E2bSandbox {
         envd: Envd,
         api: Arc<Api>,
         readers: Arc<Readers>,
+        image_env: Vec<(String, String)>,
     ) -> E2bSandbox {
         E2bSandbox {
+            image_env,
             id,
             template,
             envd_version,
@@ -276,7 +280,9 @@ impl Sandbox for E2bSandbox {
         let verifier;
         let (cmd, envs) = match opts.role {
             Role::Verify => {
-                verifier = reuse::verify_command(cmd, &opts.envs);
+                let envs: Vec<(String, String)> =
+                    self.image_env.iter().chain(&opts.envs).cloned().collect();
+                verifier = reuse::verify_command(cmd, &envs);
                 (verifier.as_str(), &[][..])
             }
             _ => (cmd, &opts.envs[..]),
