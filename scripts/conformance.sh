@@ -68,40 +68,10 @@ start_emulator() {
   return 1
 }
 
-# A loopback registry (the CNCF distribution registry) holding a small `ubuntu:22.04`: busybox,
-# with a /bin/bash that runs it (the SDK runs commands with bash, as E2B's templates have it).
-# The template checks' emulator pulls `docker.io` through it, as a mirror set in its
+# A loopback registry (the CNCF distribution registry) holding a small `ubuntu:22.04`; the
+# template checks' emulator pulls `docker.io` through it, as a mirror set in its
 # registries.toml, and builds with buildah into an image store of its own.
-start_registry() {
-  need docker-registry "apt-get install docker-registry (scripts/system-deps.sh does, as root)"
-  need buildah "apt-get install buildah (scripts/system-deps.sh does, as root)"
-  [[ -x /bin/busybox ]] || { echo "conformance.sh: /bin/busybox is missing: apt-get install busybox-static" >&2; exit 2; }
-  local port config=$work/registry.yml tree=$work/base
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  printf 'version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: 127.0.0.1:%s\n' \
-    "$work/registry" "$port" >"$config"
-  docker-registry serve "$config" >"$work/registry.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 300); do (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
-  mkdir -p "$tree/bin" "$tree/etc" "$tree/tmp" "$tree/root" "$tree/home/user"
-  cp /bin/busybox "$tree/bin/"
-  printf '#!/bin/sh\nexec /bin/busybox sh "$@"\n' >"$tree/bin/bash"
-  chmod 755 "$tree/bin/bash"
-  for applet in sh cat echo mkdir test id ls readlink sleep whoami rm cp mv chmod env printf grep sed true false ln pwd; do
-    ln -s busybox "$tree/bin/$applet"
-  done
-  printf 'root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n' >"$tree/etc/passwd"
-  printf 'root:x:0:\nuser:x:1000:\n' >"$tree/etc/group"
-  local b=(buildah --root "$work/buildah/root" --runroot "$work/buildah/run" --storage-driver vfs)
-  local c
-  c=$("${b[@]}" from scratch)
-  "${b[@]}" copy "$c" "$tree" / >/dev/null
-  "${b[@]}" config --env PATH=/bin --cmd /bin/sh "$c"
-  "${b[@]}" commit -q "$c" localhost/conformance-base >/dev/null
-  "${b[@]}" push -q --tls-verify=false localhost/conformance-base "docker://127.0.0.1:$port/library/ubuntu:22.04"
-  mkdir -p "$work/home"
-  printf '[registries."docker.io"]\nmirrors = ["127.0.0.1:%s"]\n' "$port" >"$work/home/registries.toml"
-}
+source scripts/lib/loopback-registry.sh
 
 start_emulator plain
 url=$started_url
@@ -112,7 +82,8 @@ faulty_url=$started_url
 unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN
 export E2B_API_KEY=$key E2B_API_URL=$url E2B_SANDBOX_URL=$url WMO_E2B_FAULTY_URL=$faulty_url
 
-start_registry
+start_loopback_registry "$work" || exit $?
+pids+=("$REGISTRY_PID")
 WMO_E2B_HOME=$work/home start_emulator templates --max-builds 2
 templates_url=$started_url
 
