@@ -145,10 +145,7 @@ fn an_image_task_runs_on_its_own_template_built_once() {
         "{on_image}"
     );
     assert_eq!(build_requests(log), 1, "one build for one image");
-    let records = std::fs::read_dir(env.home().join("e2b-templates"))
-        .unwrap()
-        .count();
-    assert_eq!(records, 1);
+    assert_eq!(records(env), 1);
 
     // Another run on the same content finds the template, and builds nothing.
     let again = env.path("out-again");
@@ -157,6 +154,36 @@ fn an_image_task_runs_on_its_own_template_built_once() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(build_requests(log), 1, "the second run built again");
+    assert!(emu.live().is_empty(), "{:?}", emu.live());
+}
+
+fn records(env: &Env) -> usize {
+    std::fs::read_dir(env.home().join("e2b-templates"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension() == Some("json".as_ref()))
+        .count()
+}
+
+#[test]
+fn runs_started_together_build_their_template_once() {
+    let scene = Scene::new("wmo/together:1");
+    let (env, log, emu, image) = (&scene.env, &scene.log, &scene.emu, &scene.image);
+    let tasks = tasks(env, image);
+    let runs: Vec<_> = (0..2)
+        .map(|i| {
+            eval_cmd(env, emu, &tasks, &env.path(&format!("out-{i}")), &[])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for run in runs {
+        let o = run.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    assert_eq!(build_requests(log), 1, "both runs built the template");
+    assert_eq!(records(env), 1);
     assert!(emu.live().is_empty(), "{:?}", emu.live());
 }
 

@@ -12,9 +12,8 @@
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -26,7 +25,7 @@ use super::reference::Digest;
 const BLOB_LOCK_WAIT: Duration = Duration::from_secs(30 * 60);
 /// How long a pull waits for a prune to finish, or a prune for pulls to finish.
 const STORE_LOCK_WAIT: Duration = Duration::from_secs(10 * 60);
-const LOCK_POLL: Duration = Duration::from_millis(20);
+
 /// A record is a few hundred bytes; a bigger file there is not ours.
 const MAX_RECORD: u64 = 1 << 20;
 /// The most records `list` and `prune` read.
@@ -377,29 +376,12 @@ pub(super) fn take_lock(
     wait: Duration,
     what: &str,
 ) -> Result<StoreLock, StoreError> {
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(io_at(path))?;
-    let deadline = Instant::now() + wait;
-    loop {
-        // SAFETY: flock on a descriptor we own; the lock goes with it.
-        if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
-            return Ok(StoreLock { _file: file });
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(io_at(path)(err));
-        }
-        if Instant::now() >= deadline {
-            return Err(StoreError::LockTimeout {
-                what: what.to_string(),
-                wait,
-            });
-        }
-        std::thread::sleep(LOCK_POLL);
+    match crate::sync::flock_within(path, how, wait).map_err(io_at(path))? {
+        Some(file) => Ok(StoreLock { _file: file }),
+        None => Err(StoreError::LockTimeout {
+            what: what.to_string(),
+            wait,
+        }),
     }
 }
 

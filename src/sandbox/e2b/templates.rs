@@ -16,6 +16,8 @@ use crate::sandbox::{ErrorClass, Result, SandboxError};
 
 /// Between two looks at a running build.
 const POLL: Duration = Duration::from_secs(1);
+/// Beyond the build's own bound, for another run's uploads and record.
+const LOCK_SLACK: Duration = Duration::from_secs(5 * 60);
 /// A record is a few hundred bytes.
 const MAX_RECORD: u64 = 1 << 20;
 /// E2B's uid of `user`, who runs a task's commands and must own its working directory.
@@ -66,8 +68,18 @@ pub(super) fn ensure(api: &Api, config: &E2bConfig, source: &TemplateSource) -> 
     let body = build_body(source);
     let name = template_name(&body);
     let record_path = source.records.join(format!("{name}.json"));
-    let recorded = read_record(&record_path).filter(|r| r.api == config.api_base && r.name == name);
-    if recorded.is_some() && api.template_exists(&name)? {
+    let found = || -> Result<bool> {
+        let recorded =
+            read_record(&record_path).filter(|r| r.api == config.api_base && r.name == name);
+        Ok(recorded.is_some() && api.template_exists(&name)?)
+    };
+    if found()? {
+        return Ok(name);
+    }
+    // Runs on this machine that want the same template build it once: the first builds, the
+    // others wait for its record.
+    let _building = lock_build(source, &name)?;
+    if found()? {
         return Ok(name);
     }
     let log_path = source.log_dir.join(format!("{name}.log"));
@@ -153,6 +165,27 @@ fn wait_ready(
             }
             _ => std::thread::sleep(POLL),
         }
+    }
+}
+
+/// Held while `name` is built; waited for as long as another run's build may take.
+fn lock_build(source: &TemplateSource, name: &str) -> Result<File> {
+    let path = source.records.join(format!("{name}.lock"));
+    fs::create_dir_all(source.records).map_err(|e| io_error(source.records, e))?;
+    let wait = source.timeout + LOCK_SLACK;
+    match crate::sync::flock_within(&path, libc::LOCK_EX, wait) {
+        Ok(Some(file)) => Ok(file),
+        Ok(None) => Err(SandboxError::Remote {
+            class: ErrorClass::Capacity,
+            message: format!(
+                "another run on this machine has been building the template {name} for more \
+                 than {} s (it holds {})",
+                wait.as_secs(),
+                path.display()
+            ),
+            source: None,
+        }),
+        Err(e) => Err(io_error(&path, e)),
     }
 }
 
