@@ -33,6 +33,7 @@ from e2b.envd.api import format_envd_api_exception
 
 import e2b_checks
 from e2b_checks import RUN, case, check, equal, raises, walk_pages
+from e2b_conformance_ports import TESTS as PORT_TESTS
 from e2b_conformance_pause import (
     test_auto_pause_filesystem_only,
     test_auto_pause_on_timeout,
@@ -513,6 +514,7 @@ def main():
         test_connect,
         test_kill,
         test_retries_through_faults,
+        *PORT_TESTS,
     ]:
         if SBX is None and fn is not test_create:
             check(f"{fn.__name__} (needs a sandbox)", False, "create failed")

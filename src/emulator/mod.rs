@@ -17,6 +17,7 @@
 mod config;
 mod connect;
 mod control;
+mod edge;
 mod envd;
 mod faults;
 mod http;

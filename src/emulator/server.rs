@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::config::EmulatorConfig;
 use super::http::{self, Handler, Request, Responder, Response};
 use super::state::{Shared, Stats};
-use super::{control, envd, templates};
+use super::{control, edge, envd, templates};
 use crate::errors::error_chain;
 use crate::sandbox::local::{Isolation, LocalBackend, LocalOptions};
 use crate::sandbox::{Backend, Killed, SandboxError};
@@ -188,10 +188,7 @@ impl Handler for Router {
     fn admit(&self, head: &Request) -> Option<Response> {
         // envd requests are checked against their sandbox's token, in `handle`.
         // Uploads carry their URL's signature, checked in `handle`, as a presigned URL does.
-        if head.header("e2b-sandbox-id").is_some()
-            || envd::is_signed(head)
-            || templates::is_upload(head)
-        {
+        if edge::target(head).is_some() || envd::is_signed(head) || templates::is_upload(head) {
             return None;
         }
         let refused = control::admit(&self.0, head)?;
@@ -214,9 +211,9 @@ impl Handler for Router {
             .access_log
             .as_ref()
             .map(|_| format!("{} {}", req.method, req.path));
-        let sandbox = req.header("e2b-sandbox-id").map(str::to_string);
-        match sandbox {
-            Some(id) => envd::handle(shared, &id, req, out),
+        match edge::target(&req) {
+            Some(t) if t.port == edge::ENVD_PORT => envd::handle(shared, &t.raw_id, req, out),
+            Some(t) => edge::relay(shared, &t, req, out),
             None if envd::is_signed(&req) => envd::handle_signed(shared, req, out),
             None => {
                 let resp = templates::handle(shared, &req)

@@ -43,6 +43,9 @@ pub(super) struct SandboxEntry {
     pub template: String,
     /// `None` for a v1 create without `secure`: envd then asks for no token.
     pub token: Option<String>,
+    /// What a request to one of the sandbox's ports must carry (`e2b-traffic-access-token`);
+    /// `None` when its ports are public.
+    pub traffic_token: Option<String>,
     pub started: SystemTime,
     /// When the sandbox dies (the local backend enforces it, rounded up to a second); for a
     /// paused one, when it was to end before it was paused.

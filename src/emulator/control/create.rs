@@ -131,6 +131,9 @@ struct Wanted {
     env_vars: BTreeMap<String, String>,
     secure: bool,
     net: NetworkState,
+    /// `network.allowPublicTraffic` (default true): false puts the sandbox's ports behind a
+    /// traffic access token.
+    public_traffic: bool,
     lifecycle: Lifecycle,
 }
 
@@ -186,6 +189,10 @@ impl Wanted {
             bool_of(body, "allow_internet_access")?,
             present(body, "network"),
         )?;
+        let public_traffic = match present(body, "network") {
+            Some(Value::Object(m)) => bool_of(m, "allowPublicTraffic")?.unwrap_or(true),
+            _ => true,
+        };
         let lifecycle = lifecycle(body)?;
         // What local sandboxes cannot give is refused, not silently left out.
         let refused = [
@@ -210,6 +217,7 @@ impl Wanted {
             env_vars,
             secure,
             net,
+            public_traffic,
             lifecycle,
         })
     }
@@ -323,6 +331,13 @@ fn reserve_slot(shared: &Shared) -> Result<(), Response> {
 }
 
 fn create_sandbox(shared: &Shared, wanted: Wanted) -> Result<Arc<SandboxEntry>, Response> {
+    // Never public for want of randomness: no token, no sandbox.
+    let traffic_token = match wanted.public_traffic {
+        true => None,
+        false => Some(crate::id::random_hex(16).map_err(|e| {
+            Response::error(500, format!("cannot make a traffic access token: {e}"))
+        })?),
+    };
     reserve_slot(shared)?;
     let spec = CreateSpec {
         template: Some(wanted.template.clone()),
@@ -349,6 +364,7 @@ fn create_sandbox(shared: &Shared, wanted: Wanted) -> Result<Arc<SandboxEntry>, 
     } else {
         None
     };
+
     let mut table = lock(&shared.table);
     table.pending -= 1;
     let sandbox = created.map_err(|e| backend_error("", &e))?;
@@ -361,6 +377,7 @@ fn create_sandbox(shared: &Shared, wanted: Wanted) -> Result<Arc<SandboxEntry>, 
         sandbox,
         template: wanted.template,
         token,
+        traffic_token,
         started,
         deadline: Mutex::new(started + Duration::from_secs(wanted.timeout)),
         timeout: wanted.timeout,

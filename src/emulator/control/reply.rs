@@ -83,7 +83,7 @@ pub(super) fn sandbox_json(e: &SandboxEntry) -> Value {
         "envdVersion": ENVD_VERSION,
         // Null: the SDK then builds envd URLs from its own settings (E2B_SANDBOX_URL).
         "domain": null,
-        "trafficAccessToken": null,
+        "trafficAccessToken": e.traffic_token,
     });
     if let Some(token) = &e.token {
         v["envdAccessToken"] = json!(token);

@@ -6,9 +6,9 @@ use serde_json::json;
 use super::call::unary;
 use super::{files, process, signing};
 use crate::emulator::connect::{Code, RpcError};
+use crate::emulator::edge;
 use crate::emulator::http::{Request, Responder, Response};
-use crate::emulator::state::{Asleep, SandboxEntry, Shared};
-use crate::errors::error_chain;
+use crate::emulator::state::{SandboxEntry, Shared};
 
 pub(in crate::emulator) fn handle(
     shared: &Shared,
@@ -16,29 +16,12 @@ pub(in crate::emulator) fn handle(
     req: Request,
     out: &mut Responder<'_>,
 ) {
-    // The legacy composite `<id>-<clientID>` names the same sandbox.
-    let id = raw_id.split('-').next().unwrap_or(raw_id);
     // A paused sandbox is gone to envd's callers, as behind E2B's proxy, unless traffic
     // wakes it.
-    let entry = match shared.awake_sandbox(id) {
+    let entry = match edge::awake(shared, raw_id) {
         Ok(entry) => entry,
-        Err(Asleep::NotWoken) => {
-            let _ = out.send(sandbox_gone(raw_id));
-            return;
-        }
-        Err(Asleep::AtLimit) => {
-            let max = shared.config.max_sandboxes;
-            let _ = out.send(Response::error(
-                429,
-                format!("resuming the sandbox would pass the team sandbox limit ({max})"),
-            ));
-            return;
-        }
-        Err(Asleep::Failed(e)) => {
-            let _ = out.send(Response::error(
-                500,
-                format!("cannot resume the sandbox: {}", error_chain(&e)),
-            ));
+        Err(refused) => {
+            let _ = out.send(refused);
             return;
         }
     };
@@ -67,16 +50,6 @@ pub(in crate::emulator) fn handle(
             let _ = out.send(answer(&entry, &req));
         }
     }
-}
-
-/// What E2B's edge proxy answers for a sandbox that is gone.
-fn sandbox_gone(raw_id: &str) -> Response {
-    let body = json!({"message": "The sandbox was not found", "sandboxId": raw_id, "code": 502});
-    Response::bytes(
-        502,
-        "application/json; charset=utf-8",
-        body.to_string().into_bytes(),
-    )
 }
 
 /// The answer of every endpoint but the process service's.

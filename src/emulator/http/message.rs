@@ -7,6 +7,8 @@ use serde_json::json;
 /// One parsed request, its body read in full.
 pub(in crate::emulator) struct Request {
     pub method: String,
+    /// The request target as sent (path and query, not decoded), for a relay to pass on.
+    pub target: String,
     /// The percent-decoded path, without the query.
     pub path: String,
     /// Query pairs in order, decoded (`+` is a space).

@@ -134,6 +134,7 @@ pub(super) fn read_head(conn: &mut ConnReader<'_>) -> Result<(Request, bool, Fra
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let req = Request {
         method: parsed.method.unwrap_or("").to_string(),
+        target: target.to_string(),
         path: percent_decode(path, false),
         query: parse_query(query),
         headers: parsed

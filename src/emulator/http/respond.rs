@@ -6,6 +6,9 @@ use std::net::{Shutdown, TcpStream};
 
 use super::message::{status_line, Body, Response};
 
+/// What a relay reads and writes at a time.
+const RELAY_CHUNK: usize = 64 * 1024;
+
 /// Answers one request on its connection: either `send` a whole response or `stream` one.
 pub(in crate::emulator) struct Responder<'a> {
     stream: &'a TcpStream,
@@ -31,7 +34,7 @@ impl<'a> Responder<'a> {
     }
 
     /// Whether a response (or the start of one) went out.
-    pub(super) fn sent(&self) -> bool {
+    pub fn sent(&self) -> bool {
         self.sent
     }
 
@@ -92,6 +95,34 @@ impl<'a> Responder<'a> {
         })
     }
 
+    /// Passes what `from` sends (a whole HTTP response, head and body) to the client as it
+    /// comes, until `from` ends; the connection ends after it. Nothing counts as sent until
+    /// `from` has said something, so a relay that got nothing can still be answered.
+    pub fn relay(&mut self, from: &mut dyn Read) -> io::Result<u64> {
+        let mut buf = vec![0u8; RELAY_CHUNK];
+        let mut total = 0u64;
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) => return Ok(total),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if total == 0 => return Err(e),
+                Err(e) => {
+                    // Cut mid-answer: the client must see the cut, not a short answer.
+                    self.close = true;
+                    return Err(e);
+                }
+            };
+            if total == 0 {
+                self.sent = true;
+                self.close = true;
+                self.status = relayed_status(&buf[..n]);
+            }
+            self.write(&buf[..n])?;
+            total += n as u64;
+        }
+    }
+
     /// Writes and flushes `bytes`; a failed write ends the connection after this request.
     fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
         let mut w = self.stream;
@@ -101,6 +132,15 @@ impl<'a> Responder<'a> {
         }
         written
     }
+}
+
+/// The status a relayed response starts with (`HTTP/1.1 200 OK`), 0 when it does not.
+fn relayed_status(head: &[u8]) -> u16 {
+    head.split(|&b| b == b' ')
+        .nth(1)
+        .and_then(|s| std::str::from_utf8(s).ok())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The status line and one line per header, without the blank line that ends the head.

@@ -148,6 +148,11 @@ pub(super) fn resume(spaces: &Namespaces, kept: &[(u32, u64)]) -> io::Result<()>
     }
 }
 
+/// Every process of `spaces` (and of namespaces nested in them): pid and start time.
+pub(super) fn member_ids(spaces: &Namespaces) -> Vec<(u32, u64)> {
+    members(spaces).into_iter().map(Member::id).collect()
+}
+
 /// Every process in one of `spaces` or in a namespace nested in one.
 fn members(spaces: &Namespaces) -> Vec<Member> {
     if spaces.0.is_empty() {

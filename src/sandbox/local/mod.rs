@@ -84,6 +84,7 @@ mod netns;
 mod ns;
 mod outlet;
 mod pause;
+mod ports;
 mod proc_table;
 mod process;
 mod reset;

@@ -3,8 +3,10 @@
 //! files (see `confined`).
 
 use std::io;
+use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::confined::Beneath;
 use super::isolation::Isolation;
@@ -90,6 +92,14 @@ impl LocalSandbox {
         self.state.ensure_live()?;
         super::boot_id::read(&self.state.dir)
             .map_err(|e| self.state.io_error("reading the sandbox's boot id", e))
+    }
+
+    /// A stream to `port` where a process of the sandbox listens on it (in the sandbox's
+    /// network, or a command's own); `None` when none does.
+    pub fn connect_port(&self, port: u16, timeout: Duration) -> Result<Option<TcpStream>> {
+        self.state.ensure_live()?;
+        super::ports::connect(&self.state.dir, port, timeout)
+            .map_err(|e| self.state.io_error(format!("connecting to port {port}"), e))
     }
 
     /// Classifies an error of an operation on [`LocalSandbox::files`].
