@@ -73,7 +73,21 @@ start_emulator() {
 # registries.toml, and builds with buildah into an image store of its own.
 source scripts/lib/loopback-registry.sh
 
-start_emulator plain
+# A certificate authority of this run alone and a certificate for E2B's sandbox hosts signed
+# by it: the plain emulator answers HTTPS to a sandbox's port with it, and the checks
+# trust it alone (SSL_CERT_FILE), reaching https://<port>-<id>.e2b.app through the
+# emulator as their HTTPS proxy, as the SDK's own tests reach E2B's.
+need openssl "install openssl (Debian: apt-get install openssl)"
+tls() { openssl "$@" >/dev/null 2>&1; }
+tls req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+  -subj "/CN=wmo-e2b conformance CA" -keyout "$work/ca.key" -out "$work/ca.pem"
+tls req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+  -subj "/CN=*.e2b.app" -keyout "$work/tls.key" -out "$work/tls.csr"
+printf 'subjectAltName=DNS:*.e2b.app\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$work/tls.ext"
+tls x509 -req -in "$work/tls.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial \
+  -days 2 -extfile "$work/tls.ext" -out "$work/tls.pem"
+
+start_emulator plain --tls-cert "$work/tls.pem" --tls-key "$work/tls.key"
 url=$started_url
 # Seeded, so the fault sequence (and so this run) is the same every time.
 start_emulator faulty --fault create-429=0.3,create-503=0.2 --seed 7
@@ -81,6 +95,8 @@ faulty_url=$started_url
 
 unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN
 export E2B_API_KEY=$key E2B_API_URL=$url E2B_SANDBOX_URL=$url WMO_E2B_FAULTY_URL=$faulty_url
+export HTTPS_PROXY=$url SSL_CERT_FILE=$work/ca.pem NO_PROXY=127.0.0.1,localhost
+unset HTTP_PROXY ALL_PROXY http_proxy https_proxy all_proxy no_proxy
 
 start_loopback_registry "$work" || exit $?
 pids+=("$REGISTRY_PID")

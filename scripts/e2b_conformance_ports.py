@@ -2,9 +2,11 @@
 them: a server in the sandbox reached from the host, a port nobody listens on, a traffic
 access token, and a paused sandbox woken by an HTTP request.
 
-The emulator serves every sandbox host on its one address, so a request goes to
+The emulator serves every sandbox host on its one address: a plain request goes to
 E2B_SANDBOX_URL with the SDK's `get_host(port)` as its Host, as a DNS record would send it
-to E2B's proxy."""
+to E2B's proxy, and `https://<get_host(port)>` is reached as the SDK's own tests reach it,
+with the emulator as HTTPS_PROXY and its certificate's authority as SSL_CERT_FILE (set by
+conformance.sh)."""
 
 import os
 import socket
@@ -91,14 +93,34 @@ def test_traffic_access_token():
     sbx.kill()
 
 
+def test_https():
+    sbx = Sandbox.create(timeout=120, network={"allow_public_traffic": False})
+    port = free_port()
+    token = {"e2b-traffic-access-token": sbx.traffic_access_token}
+    sbx.files.write("/home/user/www/marker.txt", "served from the sandbox\n")
+    sbx.commands.run(f"cd /home/user/www && python3 -m http.server {port}", background=True)
+    url = f"https://{sbx.get_host(port)}"
+    check("https: the server starts", wait_until(lambda: get(sbx, port, token).status_code == 200))
+    with httpx.Client(timeout=15) as client:
+        res = client.get(f"{url}/marker.txt", headers=token)
+        equal("https://<get_host(port)> reaches the sandbox's server", res.text, "served from the sandbox\n")
+        again = client.get(f"{url}/marker.txt", headers=token)
+        equal("a second request on the client", again.status_code, 200)
+        equal("https without the token", client.get(url).status_code, 403)
+    closed = httpx.get(f"https://{sbx.get_host(free_port())}", headers=token, timeout=15)
+    equal("https to a port nobody listens on", closed.status_code, 502)
+    sbx.kill()
+
+
 def test_auto_resume_on_http_request():
     sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
     port = free_port()
     serve(sbx, port)
     paused = wait_until(lambda: str(Sandbox.get_info(sbx.sandbox_id).state.value) == "paused")
     check("paused at its timeout", paused)
-    res = get(sbx, port)
-    equal("an HTTP request wakes it and is answered", res.status_code, 200)
+    # As the SDK's own test asks it.
+    res = httpx.get(f"https://{sbx.get_host(port)}", timeout=15.0)
+    equal("an HTTPS request wakes it and is answered", res.status_code, 200)
     equal("running after the request", str(sbx.get_info().state.value), "running")
     sbx.kill()
 
@@ -118,6 +140,7 @@ TESTS = [
     test_ping_server,
     test_ports_without_internet,
     test_traffic_access_token,
+    test_https,
     test_auto_resume_on_http_request,
     test_paused_without_auto_resume,
 ]

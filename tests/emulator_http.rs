@@ -118,3 +118,22 @@ fn an_unauthenticated_request_is_refused_before_its_body_is_read() {
     assert!(answer.contains("HTTP/1.1 201 "), "{answer}");
     assert_eq!(emu.handle.stats().sandboxes, 1);
 }
+
+#[test]
+fn a_tunnel_needs_a_certificate_and_a_sandbox_host() {
+    let emu = start();
+    let addr = emu.handle.addr();
+    let answer = raw_exchange(
+        addr,
+        b"CONNECT 8000-abc123.e2b.app:443 HTTP/1.1\r\nHost: 8000-abc123.e2b.app:443\r\n\r\n",
+    );
+    assert!(answer.starts_with("HTTP/1.1 501 "), "{answer}");
+    assert!(answer.contains("--tls-cert"), "{answer}");
+    // A sandbox host that names no live sandbox, over plain HTTP: the proxy's own answer.
+    let answer = raw_exchange(
+        addr,
+        b"GET / HTTP/1.1\r\nHost: 8000-abc123.e2b.app\r\nConnection: close\r\n\r\n",
+    );
+    assert!(answer.starts_with("HTTP/1.1 502 "), "{answer}");
+    assert!(answer.contains("The sandbox was not found"), "{answer}");
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
-use wmo_e2b::emulator::{Emulator, EmulatorConfig, FaultSpec, Plan, DEFAULT_SEED};
+use wmo_e2b::emulator::{Emulator, EmulatorConfig, FaultSpec, Plan, TlsIdentity, DEFAULT_SEED};
 
 use super::{Exit, UsageError};
 
@@ -47,6 +47,14 @@ pub struct EmulatorArgs {
     /// Every template runs on the same local sandbox.
     #[arg(long = "template", value_name = "NAME")]
     templates: Vec<String>,
+    /// A PEM certificate chain for the sandboxes' hosts (e.g. `*.e2b.app`): with
+    /// --tls-key, a client whose HTTPS_PROXY is the emulator reaches
+    /// `https://<port>-<id>.<domain>` (a sandbox's port) as it would on E2B.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Local sandboxes starting at once (default: the CPUs this process may use).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     create_concurrency: Option<u16>,
@@ -97,6 +105,9 @@ pub fn run(args: EmulatorArgs) -> Result<Exit> {
         return Err(UsageError(format!("--template {t:?}: a template needs a name")).into());
     }
     config.templates = args.templates;
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        config.tls = Some(TlsIdentity::load(cert, key).map_err(|e| UsageError(e.to_string()))?);
+    }
     if args.verbose {
         // A line names what a client asked for: escaped, so a request cannot drive the
         // terminal.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::faults::{FaultSpec, DEFAULT_SEED};
+use super::tls::TlsIdentity;
 use crate::sandbox::local::IsolationChoice;
 
 /// The constant `clientID` the real API still returns.
@@ -72,6 +73,9 @@ pub struct EmulatorConfig {
     /// Templates a create may name besides `base`; any other is answered 404 as the API does.
     /// All run on the same local sandbox.
     pub templates: Vec<String>,
+    /// The certificate HTTPS tunnels to a sandbox's port are answered with; `None`: such a
+    /// `CONNECT` is refused (plain HTTP with the sandbox's host still reaches it).
+    pub tls: Option<TlsIdentity>,
 }
 
 impl EmulatorConfig {
@@ -89,6 +93,7 @@ impl EmulatorConfig {
             create_concurrency: None,
             plan: Plan::default(),
             templates: Vec::new(),
+            tls: None,
         }
     }
 }

@@ -13,6 +13,7 @@
 //! Protocol upgrades (WebSocket) are not relayed.
 
 use std::io::Write;
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,8 +27,9 @@ use crate::errors::error_chain;
 pub(super) const ENVD_PORT: u16 = 49983;
 /// How long connecting to a sandbox's port may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a sandbox's server may stay silent mid-answer before the relay gives up.
-const UPSTREAM_IDLE: Duration = Duration::from_secs(300);
+/// How long a sandbox's server (or a tunnel's client) may stay silent before the relay
+/// gives up.
+pub(super) const UPSTREAM_IDLE: Duration = Duration::from_secs(300);
 /// Headers that belong to one hop, not passed on (RFC 9110 §7.6.1), and the proxy's own.
 const NOT_PASSED_ON: &[&str] = &[
     "connection",
@@ -71,7 +73,7 @@ pub(super) fn target(head: &Request) -> Option<Target> {
 }
 
 /// `<port>-<sandboxID>.<domain>`: the sandbox id is lowercase letters and digits.
-fn from_host(name: &str) -> Option<Target> {
+pub(super) fn from_host(name: &str) -> Option<Target> {
     let (label, domain) = name.split_once('.')?;
     let (port, id) = label.split_once('-')?;
     let id_ok = !id.is_empty()
@@ -122,37 +124,12 @@ fn relay_inner(
     req: Request,
     out: &mut Responder<'_>,
 ) -> Result<(), Response> {
-    let entry = awake(shared, &target.raw_id)?;
-    if let Some(token) = &entry.traffic_token {
-        let given = req.header("e2b-traffic-access-token").unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
-            return Err(proxy_error(
-                403,
-                json!({"message": "a valid traffic access token is required \
-                       (e2b-traffic-access-token) for this sandbox's ports",
-                       "sandboxId": target.raw_id}),
-            ));
-        }
-    }
-    let not_open = || {
-        proxy_error(
-            502,
-            json!({"message": "The sandbox is running but port is not open",
-                   "sandboxId": target.raw_id, "port": target.port}),
-        )
-    };
-    let mut upstream = entry
-        .sandbox
-        .connect_port(target.port, CONNECT_TIMEOUT)
-        .map_err(|_| not_open())?
-        .ok_or_else(not_open)?;
-    let _ = upstream.set_read_timeout(Some(UPSTREAM_IDLE));
-    let _ = upstream.set_write_timeout(Some(UPSTREAM_IDLE));
+    let mut upstream = open(shared, target, req.header("e2b-traffic-access-token"))?;
     upstream
         .write_all(&request_bytes(&req))
-        .map_err(|_| not_open())?;
+        .map_err(|_| port_not_open(target))?;
     match out.relay(&mut upstream) {
-        Ok(0) => Err(not_open()),
+        Ok(0) => Err(port_not_open(target)),
         Ok(_) => Ok(()),
         // Cut mid-answer: the client sees the cut.
         Err(_) if out.sent() => Ok(()),
@@ -162,6 +139,44 @@ fn relay_inner(
                    "sandboxId": target.raw_id, "port": target.port}),
         )),
     }
+}
+
+/// A connection to `target`'s port for a request carrying `traffic_token`: the sandbox woken
+/// if it may be, its traffic token checked, a process of it listening there; else the
+/// proxy's answer.
+pub(super) fn open(
+    shared: &Shared,
+    target: &Target,
+    traffic_token: Option<&str>,
+) -> Result<TcpStream, Response> {
+    let entry = awake(shared, &target.raw_id)?;
+    if let Some(token) = &entry.traffic_token {
+        let given = traffic_token.unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            return Err(proxy_error(
+                403,
+                json!({"message": "a valid traffic access token is required \
+                       (e2b-traffic-access-token) for this sandbox's ports",
+                       "sandboxId": target.raw_id}),
+            ));
+        }
+    }
+    let upstream = entry
+        .sandbox
+        .connect_port(target.port, CONNECT_TIMEOUT)
+        .map_err(|_| port_not_open(target))?
+        .ok_or_else(|| port_not_open(target))?;
+    let _ = upstream.set_read_timeout(Some(UPSTREAM_IDLE));
+    let _ = upstream.set_write_timeout(Some(UPSTREAM_IDLE));
+    Ok(upstream)
+}
+
+fn port_not_open(target: &Target) -> Response {
+    proxy_error(
+        502,
+        json!({"message": "The sandbox is running but port is not open",
+               "sandboxId": target.raw_id, "port": target.port}),
+    )
 }
 
 /// `req` as passed on: its head without this hop's headers, then its whole body.

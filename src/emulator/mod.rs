@@ -6,6 +6,9 @@
 //! - `server`: start, stop, and routing each request to the control plane or to envd.
 //! - `control` (the control-plane endpoints) and `envd` (envd's routing and auth, its
 //!   `process` and `files` services).
+//! - `edge` (E2B's edge proxy: which sandbox and port a request is for, a sandbox's own
+//!   ports) and `tunnel` (HTTPS to a sandbox's port through `CONNECT`, with `tls`'s
+//!   certificate).
 //! - `templates`: template builds on the host's image builder, and the images sandboxes of
 //!   a built template run on.
 //! - `state`: the sandbox table and everything the request threads share.
@@ -27,8 +30,11 @@ mod paths;
 mod server;
 mod state;
 mod templates;
+mod tls;
+mod tunnel;
 
 pub use config::{AccessLog, EmulatorConfig, Plan, BASE_TEMPLATE, CLIENT_ID, ENVD_VERSION};
 pub use faults::{FaultCounts, FaultSpec, FaultSpecError, DEFAULT_SEED};
 pub use server::{Emulator, EmulatorError, EmulatorHandle, StopReport};
 pub use state::Stats;
+pub use tls::{TlsError, TlsIdentity};

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::config::EmulatorConfig;
 use super::http::{self, Handler, Request, Responder, Response};
 use super::state::{Shared, Stats};
-use super::{control, edge, envd, templates};
+use super::{control, edge, envd, templates, tunnel};
 use crate::errors::error_chain;
 use crate::sandbox::local::{Isolation, LocalBackend, LocalOptions};
 use crate::sandbox::{Backend, Killed, SandboxError};
@@ -212,6 +212,7 @@ impl Handler for Router {
             .as_ref()
             .map(|_| format!("{} {}", req.method, req.path));
         match edge::target(&req) {
+            _ if req.method == "CONNECT" => tunnel::connect(shared, req, out),
             Some(t) if t.port == edge::ENVD_PORT => envd::handle(shared, &t.raw_id, req, out),
             Some(t) => edge::relay(shared, &t, req, out),
             None if envd::is_signed(&req) => envd::handle_signed(shared, req, out),

@@ -20,5 +20,5 @@ mod server;
 pub(super) use message::{Body, Request, Response};
 pub(super) use query::query_unescape_strict;
 pub(super) use read::MAX_BODY_BYTES;
-pub(super) use respond::{ChunkedWriter, Responder};
+pub(super) use respond::{encoded, ChunkedWriter, Responder};
 pub(super) use server::{bind, Handler, Server};

@@ -46,36 +46,26 @@ impl<'a> Responder<'a> {
     pub fn send(&mut self, resp: Response) -> io::Result<()> {
         self.sent = true;
         self.status = resp.status;
-        let mut head = head_lines(
-            resp.status,
-            resp.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        );
-        let len = match &resp.body {
-            Body::Empty => 0,
-            Body::Bytes(b) => b.len() as u64,
-            Body::File(_, len) => *len,
-        };
-        // 1xx, 204 and 304 responses carry no body and no length.
-        if resp.status >= 200 && resp.status != 204 && resp.status != 304 {
-            head.push_str(&format!("Content-Length: {len}\r\n"));
-        }
-        head.push_str("\r\n");
         match resp.body {
-            Body::Empty => self.write(head.as_bytes()),
-            Body::Bytes(b) => {
-                let mut all = head.into_bytes();
-                all.extend_from_slice(&b);
-                self.write(&all)
-            }
             Body::File(file, len) => {
-                self.write(head.as_bytes())?;
+                self.write(head_of(resp.status, &resp.headers, len).as_bytes())?;
                 let copied = send_file(file, len, self.stream);
                 if copied.is_err() {
                     self.close = true;
                 }
                 copied
             }
+            body => self.write(&encoded(Response { body, ..resp })),
         }
+    }
+
+    /// Hands the connection over for a tunnel (`CONNECT`): nothing more is answered on it by
+    /// the server, and it ends once the handler returns.
+    pub fn take_over(&mut self) -> &'a TcpStream {
+        self.sent = true;
+        self.close = true;
+        self.status = 200;
+        self.stream
     }
 
     /// Starts a chunked response; every `ChunkedWriter::send` reaches the client at once.
@@ -141,6 +131,31 @@ fn relayed_status(head: &[u8]) -> u16 {
         .and_then(|s| std::str::from_utf8(s).ok())
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
+}
+
+/// A whole response as it goes on the wire (a file body is left out: only `send` streams one).
+pub(in crate::emulator) fn encoded(resp: Response) -> Vec<u8> {
+    let body = match resp.body {
+        Body::Bytes(b) => b,
+        Body::Empty | Body::File(..) => Vec::new(),
+    };
+    let mut all = head_of(resp.status, &resp.headers, body.len() as u64).into_bytes();
+    all.extend_from_slice(&body);
+    all
+}
+
+/// The head of a response whose body is `len` bytes, blank line included.
+fn head_of(status: u16, headers: &[(String, String)], len: u64) -> String {
+    let mut head = head_lines(
+        status,
+        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    );
+    // 1xx, 204 and 304 responses carry no body and no length.
+    if status >= 200 && status != 204 && status != 304 {
+        head.push_str(&format!("Content-Length: {len}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
 }
 
 /// The status line and one line per header, without the blank line that ends the head.

@@ -326,11 +326,10 @@ fn entry_info(entry: &SandboxEntry, files: &Beneath, rel: &str, e2b: &str) -> Rp
             json!(humantime::format_rfc3339_nanos(t).to_string()),
         );
     }
-    if is_link {
-        if let Some(target) = target {
-            info.insert("symlinkTarget".into(), json!(target));
-        }
-        info.insert("isSymlink".into(), json!(true));
+    // envd 0.6.13 says a link is one by its target alone: it does not send `isSymlink`
+    // (newer protos have it), so the SDK reads a link to a file as a file, as on E2B.
+    if let (true, Some(target)) = (is_link, target) {
+        info.insert("symlinkTarget".into(), json!(target));
     }
     // envd reads the attributes through the link, as it reads the type.
     let file_meta = match &target_files {
