@@ -54,14 +54,7 @@ pub(super) struct Target {
 
 /// The sandbox and port `head` is for, if it names one.
 pub(super) fn target(head: &Request) -> Option<Target> {
-    let host = head.header("host").unwrap_or("");
-    let name = host.rsplit_once(':').map_or(host, |(name, port)| {
-        match port.bytes().all(|b| b.is_ascii_digit()) {
-            true => name,
-            false => host,
-        }
-    });
-    if let Some(t) = from_host(name) {
+    if let Some(t) = from_host(head.header("host").unwrap_or("")) {
         return Some(t);
     }
     let raw_id = head.header("e2b-sandbox-id")?.to_string();
@@ -72,8 +65,13 @@ pub(super) fn target(head: &Request) -> Option<Target> {
     Some(Target { raw_id, port })
 }
 
-/// `<port>-<sandboxID>.<domain>`: the sandbox id is lowercase letters and digits.
-pub(super) fn from_host(name: &str) -> Option<Target> {
+/// `<port>-<sandboxID>.<domain>`, perhaps with `:<port of the proxy>` after it (a Host
+/// header, a `CONNECT` target): the sandbox id is lowercase letters and digits.
+pub(super) fn from_host(host: &str) -> Option<Target> {
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
     let (label, domain) = name.split_once('.')?;
     let (port, id) = label.split_once('-')?;
     let id_ok = !id.is_empty()

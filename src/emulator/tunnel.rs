@@ -34,11 +34,7 @@ pub(super) fn connect(shared: &Shared, req: Request, out: &mut Responder<'_>) {
         ));
         return;
     };
-    let host = req
-        .target
-        .rsplit_once(':')
-        .map_or(req.target.as_str(), |(h, _)| h);
-    let Some(target) = edge::from_host(host) else {
+    let Some(target) = edge::from_host(&req.target) else {
         let _ = out.send(Response::error(
             400,
             format!(

@@ -364,7 +364,6 @@ fn create_sandbox(shared: &Shared, wanted: Wanted) -> Result<Arc<SandboxEntry>, 
     } else {
         None
     };
-
     let mut table = lock(&shared.table);
     table.pending -= 1;
     let sandbox = created.map_err(|e| backend_error("", &e))?;

@@ -356,9 +356,18 @@ fn host_pid(report: Report, parent: Option<&Holder>) -> Option<u32> {
 
 /// The inode of the PID namespace `pid` lives in.
 pub(super) fn pid_namespace(pid: u32) -> Option<u64> {
-    let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    namespace_inode(pid, "pid")
+}
+
+/// The inode of the `kind` namespace (`pid`, `net`, ...) `pid` lives in.
+pub(super) fn namespace_inode(pid: u32, kind: &str) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).ok()?;
     let text = link.to_str()?;
-    text.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+    text.strip_prefix(kind)?
+        .strip_prefix(":[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 /// The pids `pid` has in each PID namespace it is in, outermost first (`NSpid`).

@@ -19,6 +19,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::freeze::{self, Namespaces};
+use super::holder_start::namespace_inode;
 use super::{ns, sys};
 
 /// `/proc/<pid>/net/tcp` lists every socket of a namespace: a line is ~150 bytes.
@@ -106,17 +107,6 @@ fn connect_in(
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("the connecting thread panicked")))
     })
-}
-
-/// The inode of the `kind` namespace `pid` lives in.
-fn namespace_inode(pid: u32, kind: &str) -> Option<u64> {
-    let link = std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).ok()?;
-    let text = link.to_str()?;
-    text.strip_prefix(kind)?
-        .strip_prefix(":[")?
-        .strip_suffix(']')?
-        .parse()
-        .ok()
 }
 
 /// The sockets listening on `port` in the network namespace of `pid`.
