@@ -247,6 +247,7 @@ fn config(system: String, files: Map<String, Value>) -> EpisodeConfig {
         temperature: None,
         wall: Duration::from_secs(300),
         skills: None,
+        agent: None,
     }
 }
 

@@ -139,6 +139,7 @@ fn config(harness: &str, system: String, files: Map<String, Value>) -> EpisodeCo
         temperature: None,
         wall: Duration::from_secs(300),
         skills: None,
+        agent: None,
     }
 }
 

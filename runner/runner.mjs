@@ -88,6 +88,7 @@ var HANDLERS = {
   llm_response: requests.resolveReply,
   tool_response: requests.resolveReply,
   episode_start: onEpisodeStart,
+  episode_end: onEpisodeEnd,
   shutdown: function () {
     process.exit(0);
   },
@@ -157,11 +158,11 @@ function chooseHarness(name, files) {
     if (name === "user") throw new Error("the user harness was named but no files (agent.mjs) were sent");
     return "builtin";
   }
-  if (name === "builtin" || name === "pi") {
+  if (name === "builtin" || name === "pi" || name === "endpoint") {
     if (paths.length > 0) throw new Error("the " + name + " harness was named, but harness files (" + listed + ") came too, and it runs none");
     return name;
   }
-  throw new Error("unknown harness " + preview(name) + " (this runner knows builtin, user" + piNote + ")");
+  throw new Error("unknown harness " + preview(name) + " (this runner knows builtin, user, endpoint" + piNote + ")");
 }
 
 function onEpisodeStart(frame) {
@@ -190,6 +191,7 @@ function onEpisodeStart(frame) {
     files = harnessFiles(frame.files, frame.files_digest);
     tools = normalizeTools(frame.tools);
     harness = chooseHarness(frame.harness, files);
+    if (harness === "endpoint") endpointSpec(frame.endpoint);
   } catch (e) {
     send({ type: "episode_error", episode_id: id, note: "cannot run this episode_start: " + e.message });
     return;
@@ -209,6 +211,7 @@ function onEpisodeStart(frame) {
       maxTurns: intAtLeast(frame.max_turns, 1, DEFAULT_MAX_TURNS),
       maxOutputTokens: intAtLeast(frame.max_output_tokens, 1, DEFAULT_MAX_OUTPUT_TOKENS),
       temperature: finiteOrUndefined(frame.temperature),
+      endpoint: harness === "endpoint" ? endpointSpec(frame.endpoint) : null,
     },
   };
   current = episode;
@@ -229,6 +232,7 @@ async function driveEpisode(episode) {
   var harness = episode.start.harness;
   try {
     if (harness === "pi") await runPiHarness(episode);
+    else if (harness === "endpoint") await runEndpointHarness(episode);
     else if (harness === "user") await runUserHarness(episode);
     else await runBuiltinHarness(episode);
   } catch (e) {
@@ -356,6 +360,33 @@ var loadUserHarness = lazyImport("./user_harness.mjs");
 async function runUserHarness(episode) {
   var mod = await loadUserHarness();
   await mod.runEpisode(episode, USER_KIT);
+}
+
+// ---------------------------------------------------------------------------
+// Endpoint harness (endpoint_harness.mjs): the model APIs served to an agent the
+// host runs as a task process.
+
+// The endpoint an episode_start asks for; throws when it is not usable.
+function endpointSpec(spec) {
+  if (!isObject(spec) || typeof spec.token !== "string" || spec.token.length < 16) {
+    throw new Error("the endpoint harness needs endpoint.token (a string of 16 or more characters)");
+  }
+  return { token: spec.token, model: typeof spec.model === "string" ? spec.model : "" };
+}
+
+var ENDPOINT_KIT = { request: request, sendDone: sendDone, send: send, diag: diag };
+var loadEndpoint = lazyImport("./endpoint_harness.mjs");
+
+async function runEndpointHarness(episode) {
+  var mod = await loadEndpoint();
+  await mod.runEpisode(episode, ENDPOINT_KIT);
+}
+
+// The host ends an endpoint episode (its agent's process is gone).
+function onEpisodeEnd(frame) {
+  var episode = current;
+  if (episode === null || frame.episode_id !== episode.id || typeof episode.endEndpoint !== "function") return;
+  episode.endEndpoint();
 }
 
 // ---------------------------------------------------------------------------

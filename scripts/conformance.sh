@@ -15,15 +15,8 @@ need python3 "install Python 3.9 or newer with the venv module"
 need cargo "install Rust with rustup (https://rustup.rs)"
 
 venv=target/e2b-venv
-reqs=scripts/e2b-requirements.txt
-stamp="$(python3 --version 2>&1) $(cksum < "$reqs")"
-if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.wmo-stamp" 2>/dev/null)" != "$stamp" ]]; then
-  echo "conformance.sh: creating $venv"
-  rm -rf "$venv"
-  python3 -m venv "$venv" || { echo "conformance.sh: python3 -m venv failed (on Debian/Ubuntu: apt-get install python3-venv)" >&2; exit 2; }
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$reqs"
-  echo "$stamp" > "$venv/.wmo-stamp"
-fi
+source scripts/lib/venv.sh
+pinned_venv "$venv" scripts/e2b-requirements.txt conformance.sh
 
 cargo build --locked --quiet --bin wmo-e2b
 bin="${CARGO_TARGET_DIR:-target}/debug/wmo-e2b"

@@ -31,3 +31,6 @@ fi
 
 echo "== e2b sdk conformance"
 scripts/conformance.sh
+
+echo "== model endpoint, judged by the OpenAI and Anthropic SDKs"
+scripts/endpoint_sdk_check.sh

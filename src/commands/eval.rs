@@ -131,12 +131,15 @@ pub struct EvalArgs {
     /// What runs in the runner: `builtin` (its own tool-calling loop), `pi` (the real pi
     /// agent loop, its npm packages bundled into one file once, in a cache under the state
     /// dir, and that file sent to sandboxes), `oracle` (each task's reference solution, no
-    /// model), `nop` (submits at once, no model), or a
-    /// directory holding `agent.mjs` that exports `runEpisode(ctx)` (sent with every episode).
+    /// model), `nop` (submits at once, no model), `agent:NAME` (a known agent, `claude-code`, `codex`
+    /// or `mini-swe-agent`, installed from its package once and run as a process of the task, its model
+    /// calls served by the runner), `cmd:COMMAND` (any agent so run, given the same
+    /// endpoint variables), or a directory holding `agent.mjs` that exports
+    /// `runEpisode(ctx)` (sent with every episode).
     #[arg(
         long,
         default_value = "builtin",
-        value_name = "builtin|pi|oracle|nop|DIR"
+        value_name = "builtin|pi|oracle|nop|agent:NAME|cmd:COMMAND|DIR"
     )]
     harness: String,
     /// A directory of skills (`<name>.md` files with `name` and `description` front
@@ -235,7 +238,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         .map(|s| shard::resolve(shard::parse(s)?, &shard::engine_env()))
         .transpose()
         .map_err(|e| UsageError(e.to_string()))?;
-    let plan = plan::plan(&EvalOptions {
+    let mut plan = plan::plan(&EvalOptions {
         tasks_file: args.tasks.clone(),
         out: args.out.clone(),
         resume: args.resume,
@@ -287,6 +290,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         ),
         _ => None,
     };
+    let agent = super::eval_agent::install(&mut plan.harness, &args.model, args.backend)?;
     let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &plan.run_id())
         .context("cannot open the lease ledger")?;
     // On E2B, the backend that makes templates of the tasks' images.
@@ -297,7 +301,17 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             if let Some(install) = &pi {
                 local.system_read_only.push(install.local_mount());
             }
+            if let Some(install) = &agent {
+                local
+                    .everyone_read_only
+                    .push((install.dir.clone(), install.sandbox_dir()));
+            }
             let backend = open_local(local)?;
+            super::eval_agent::point_at_install(
+                &mut plan.harness,
+                agent.as_ref(),
+                backend.isolation(),
+            );
             if let Some(why) = backend.limits_unavailable() {
                 eprintln!("warning: {why}");
             }

@@ -3,6 +3,7 @@
 pub mod bounds;
 pub mod emulator;
 pub mod eval;
+mod eval_agent;
 mod eval_spend;
 pub mod image;
 pub mod project;

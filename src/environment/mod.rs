@@ -1,5 +1,6 @@
 //! Environments: where an agent's tool calls land, on the host side of the channel.
 
+pub mod agent;
 pub mod sandbox;
 pub mod world_model;
 
@@ -8,6 +9,7 @@ use serde_json::{json, Map, Value};
 use crate::cancel::CancelToken;
 use crate::sandbox::SandboxError;
 
+pub use agent::{AgentExit, AgentLaunch, AgentRun, Endpoint};
 pub use sandbox::SandboxEnvironment;
 pub use world_model::WorldModelEnvironment;
 
@@ -44,13 +46,24 @@ pub enum EnvError {
         #[source]
         source: SandboxError,
     },
+    #[error("the sandbox could not start the agent {agent}")]
+    AgentStart {
+        agent: String,
+        #[source]
+        source: SandboxError,
+    },
+    #[error("this environment runs no agent process: {what}")]
+    NoAgents { what: &'static str },
 }
 
 impl EnvError {
     /// Whether a fresh sandbox might succeed.
     pub fn is_transport(&self) -> bool {
         match self {
-            EnvError::Sandbox { source, .. } => source.is_transport(),
+            EnvError::Sandbox { source, .. } | EnvError::AgentStart { source, .. } => {
+                source.is_transport()
+            }
+            EnvError::NoAgents { .. } => false,
         }
     }
 }
@@ -64,6 +77,19 @@ pub trait Environment: Send + Sync {
         args: &Map<String, Value>,
         cancel: &CancelToken,
     ) -> Result<ToolOutput, EnvError>;
+
+    /// Starts `launch` as a process of the task, pointed at `endpoint`, with `instruction`
+    /// in `WMO_E2B_INSTRUCTION`.
+    fn start_agent(
+        &self,
+        _launch: &AgentLaunch,
+        _endpoint: &Endpoint,
+        _instruction: &str,
+    ) -> Result<Box<dyn AgentRun>, EnvError> {
+        Err(EnvError::NoAgents {
+            what: "an agent harness needs a sandbox environment",
+        })
+    }
 }
 
 /// Tools an environment answers; `submit` is handled by the runner.

@@ -8,6 +8,7 @@ use crossbeam_channel::RecvTimeoutError;
 
 use serde_json::{Map, Value};
 
+use super::agent::{AgentLaunch, AgentRun, Endpoint, SandboxAgent};
 use super::{EnvError, Environment, ToolOutput};
 use crate::cancel::CancelToken;
 use crate::sandbox::shell_quote;
@@ -23,6 +24,8 @@ pub struct SandboxEnvironment {
     sandbox: Arc<dyn Sandbox>,
     workspace: String,
     bash_timeout: Duration,
+    /// The runner's process, whose network an agent joins to reach its endpoint.
+    runner_pid: Option<u32>,
 }
 
 impl SandboxEnvironment {
@@ -32,7 +35,14 @@ impl SandboxEnvironment {
             sandbox,
             workspace,
             bash_timeout,
+            runner_pid: None,
         }
+    }
+
+    /// Names the runner's process (see `start_agent`).
+    pub fn with_runner(mut self, pid: u32) -> Self {
+        self.runner_pid = Some(pid);
+        self
     }
 
     pub fn workspace(&self) -> &str {
@@ -76,6 +86,7 @@ impl SandboxEnvironment {
                     cwd: Some(self.workspace.clone()),
                     envs: Vec::new(),
                     stdin: false,
+                    network_of: None,
                 },
             )
             .map_err(sandbox_err)?;
@@ -200,5 +211,26 @@ impl Environment for SandboxEnvironment {
             other => Err(ToolOutput::error(format!("tool '{other}' not available"))),
         };
         result.unwrap_or_else(Ok)
+    }
+
+    fn start_agent(
+        &self,
+        launch: &AgentLaunch,
+        endpoint: &Endpoint,
+        instruction: &str,
+    ) -> Result<Box<dyn AgentRun>, EnvError> {
+        let agent = SandboxAgent::start(
+            self.sandbox.clone(),
+            &self.workspace,
+            launch,
+            endpoint,
+            instruction,
+            self.runner_pid,
+        )
+        .map_err(|source| EnvError::AgentStart {
+            agent: launch.name.clone(),
+            source,
+        })?;
+        Ok(Box::new(agent))
     }
 }

@@ -15,6 +15,8 @@ use crate::environment::{ToolOutput, ENV_TOOLS};
 use crate::errors::error_chain;
 use crate::provider::{FailureScope, ModelCall};
 
+mod endpoint;
+
 pub(super) struct Broker<'a, 'b> {
     ep: &'b mut Episode<'a>,
     channel: &'b mut dyn FrameChannel,
@@ -31,6 +33,8 @@ pub(super) struct Broker<'a, 'b> {
     /// What a live turn's agent submitted (an episode runner reports its answer in `done`).
     submitted: Option<String>,
     aborted: bool,
+    /// An agent episode's endpoint and process (see `endpoint`).
+    agent: endpoint::AgentState,
 }
 
 enum Step {
@@ -54,6 +58,12 @@ impl<'a, 'b> Broker<'a, 'b> {
             running_seen: false,
             submitted: None,
             aborted: false,
+            agent: endpoint::AgentState {
+                // The endpoint's key: unguessable, since a sandbox on the host's network
+                // shares its loopback with every other process there.
+                token: crate::id::unique_hex(24),
+                ..endpoint::AgentState::default()
+            },
         }
     }
 
@@ -64,10 +74,14 @@ impl<'a, 'b> Broker<'a, 'b> {
             if let Some(end) = self.interrupted() {
                 return Ok(end);
             }
+            let poll = match self.agent.run {
+                Some(_) => endpoint::AGENT_POLL,
+                None => CANCEL_POLL,
+            };
             let wait = self
                 .deadline
                 .saturating_duration_since(Instant::now())
-                .min(CANCEL_POLL);
+                .min(poll);
             let frame = match self.channel.recv(wait) {
                 Ok(Some(f)) => f,
                 Ok(None) => {
@@ -76,7 +90,10 @@ impl<'a, 'b> Broker<'a, 'b> {
                         stderr_tail: "the channel was closed".into(),
                     }))
                 }
-                Err(ChannelError::Timeout { .. }) => continue,
+                Err(ChannelError::Timeout { .. }) => {
+                    self.poll_agent()?;
+                    continue;
+                }
                 Err(e) => {
                     if let Some(end) = self.interrupted() {
                         return Ok(end);
@@ -86,7 +103,7 @@ impl<'a, 'b> Broker<'a, 'b> {
             };
             self.ep.observer.runner_frame(&frame);
             match self.dispatch(frame)? {
-                Step::Continue => {}
+                Step::Continue => self.poll_agent()?,
                 Step::End(outcome) => return Ok(outcome),
             }
         }
@@ -100,6 +117,7 @@ impl<'a, 'b> Broker<'a, 'b> {
                 "episode_id": c.episode_id,
                 "task_id": self.ep.label,
                 "harness": c.harness,
+                "endpoint": c.agent.as_ref().map(|a| json!({"token": self.agent.token, "model": a.model})),
                 "instruction": instruction,
                 "system": c.system,
                 "tools": c.tools,
@@ -127,7 +145,18 @@ impl<'a, 'b> Broker<'a, 'b> {
     fn dispatch(&mut self, frame: Frame) -> Result<Step, EpisodeError> {
         let live = matches!(self.ep.opening, Opening::LiveTurn { .. });
         match frame_type(&frame) {
+            "llm_request" if frame.get("api").is_some() => match frame.req_id() {
+                Some(req_id) => self.on_api_request(frame.body(), req_id),
+                None => {
+                    self.ep
+                        .observer
+                        .note("ignored an llm_request without an integer req_id");
+                    Ok(Step::Continue)
+                }
+            },
             "llm_request" => self.on_llm_request(&frame),
+            "endpoint_ready" => self.on_endpoint_ready(frame.body()),
+            "done" if !live && self.ep.config.agent.is_some() => Ok(Step::End(self.agent_done())),
             "tool_request" => self.on_tool_request(&frame),
             "done" if !live => {
                 let reason = frame.get("reason").and_then(Value::as_str).unwrap_or("");
@@ -272,16 +301,7 @@ impl<'a, 'b> Broker<'a, 'b> {
                     self.reply("llm_response", req_id, json!({"completion": done.body}))
                 }
                 Err(e) => {
-                    self.counters.provider_retries += e.retries();
-                    let msg = error_chain(&e);
-                    self.ep.observer.note(&format!("model call failed: {msg}"));
-                    let scope = e.scope();
-                    if scope != FailureScope::Episode {
-                        self.provider_failure = Some(ProviderFailure {
-                            message: msg.clone(),
-                            stops_run: scope == FailureScope::Run,
-                        });
-                    }
+                    let msg = self.failed_call(&e);
                     self.reply("llm_response", req_id, json!({"error": msg}))
                 }
             }
@@ -291,18 +311,38 @@ impl<'a, 'b> Broker<'a, 'b> {
             return Ok(Step::End(end));
         }
         self.send(&reply)?;
-        if let Some(failure) = self.provider_failure.as_ref().filter(|f| f.stops_run) {
-            // Not waiting for the runner to end: the run stops at the first such answer,
-            // whatever the harness does with the error. The runner may still be mid-turn.
-            let note = Some(failure.message.clone());
-            return Ok(Step::End(self.outcome(
+        Ok(self.after_answer())
+    }
+
+    /// Counts a failed model call and keeps a failure that reaches beyond the episode (see
+    /// `after_answer`); returns the error as the agent is told it.
+    fn failed_call(&mut self, e: &crate::provider::ProviderError) -> String {
+        self.counters.provider_retries += e.retries();
+        let msg = error_chain(e);
+        self.ep.observer.note(&format!("model call failed: {msg}"));
+        let scope = e.scope();
+        if scope != FailureScope::Episode {
+            self.provider_failure = Some(ProviderFailure {
+                message: msg.clone(),
+                stops_run: scope == FailureScope::Run,
+            });
+        }
+        msg
+    }
+
+    /// What follows an answered model call: the run stops at the first answer of a failure
+    /// that stops it, not waiting for the runner to end, whatever the harness does with the
+    /// error (the runner may still be mid-turn).
+    fn after_answer(&self) -> Step {
+        match self.provider_failure.as_ref().filter(|f| f.stops_run) {
+            Some(failure) => Step::End(self.outcome(
                 StopReason::ProviderError,
                 String::new(),
-                note,
+                Some(failure.message.clone()),
                 false,
-            )));
+            )),
+            None => Step::Continue,
         }
-        Ok(Step::Continue)
     }
 
     fn on_tool_request(&mut self, frame: &Frame) -> Result<Step, EpisodeError> {
@@ -416,6 +456,9 @@ impl<'a, 'b> Broker<'a, 'b> {
         } else {
             return None;
         };
+        if let Some(agent) = self.agent.run.as_mut() {
+            agent.stop();
+        }
         if matches!(self.ep.opening, Opening::LiveTurn { .. }) && !self.aborted {
             self.aborted = true;
             let abort = json!({"type": "abort", "reason": why});

@@ -62,6 +62,8 @@ pub enum StopReason {
     Pids,
     /// The sandbox's writable directories held more than they may.
     Disk,
+    /// An agent run as a process of the task (`--harness agent:NAME`, `cmd:`) ended on its own.
+    AgentExit,
 }
 
 impl From<crate::sandbox::LimitHit> for StopReason {
@@ -90,6 +92,7 @@ impl StopReason {
             StopReason::Oom => "oom",
             StopReason::Pids => "pids",
             StopReason::Disk => "disk",
+            StopReason::AgentExit => "agent_exit",
         }
     }
 
@@ -150,6 +153,9 @@ pub struct EpisodeConfig {
     /// Skills the broker answers `read_skill` from; set with
     /// [`EpisodeConfig::offer_skills`], which also tells the agent about them.
     pub skills: Option<Arc<SkillSet>>,
+    /// An agent the host runs as a task process, served the model APIs by the runner (the
+    /// `endpoint` harness) instead of the runner's own loop.
+    pub agent: Option<crate::environment::AgentLaunch>,
 }
 
 /// Where a frame came from, for an [`Observer`].

@@ -97,6 +97,7 @@ mod tests {
             temperature: None,
             wall: std::time::Duration::from_secs(1),
             skills: None,
+            agent: None,
         }
     }
 

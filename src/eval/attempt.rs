@@ -334,13 +334,21 @@ fn run_episode(
     cancel: &CancelToken,
 ) -> Result<EpisodeOutcome, episode::EpisodeError> {
     let EpisodeTerms { ws, wall, budget } = terms;
-    let tools = environment::default_tools();
+    // An agent of its own brings its own prompt and tools.
+    let own_agent = matches!(run.harness, Harness::Agent(_));
+    let tools = match own_agent {
+        true => Vec::new(),
+        false => environment::default_tools(),
+    };
     // Checked before the task started: a harness script is there when the harness has one.
     let harness_script = scripts::harness_script(&run.harness, task).ok().flatten();
     let mut config = EpisodeConfig {
         episode_id: crate::id::new_episode_id(),
         harness: run.harness.runner_loop().to_string(),
-        system: environment::system_prompt(ws, &tools),
+        system: match own_agent {
+            true => String::new(),
+            false => environment::system_prompt(ws, &tools),
+        },
         tools,
         // A runner that holds these files already is told their digest only.
         files: match run.harness.files() {
@@ -355,21 +363,28 @@ fn run_episode(
         temperature: None,
         wall,
         skills: None,
+        agent: match &run.harness {
+            Harness::Agent(agent) => Some(agent.launch()),
+            _ => None,
+        },
     };
     if let Some(skills) = &run.skills {
         config.offer_skills(skills.clone());
     }
     let env: Box<dyn Environment> = match &run.world_model {
         Some(model) => Box::new(WorldModelEnvironment::new(model.clone(), task)),
-        None => Box::new(SandboxEnvironment::new(
-            warm.sandbox.clone(),
-            ws.to_string(),
-            // The oracle's one command is the reference solution: the task's time is its.
-            match run.harness {
-                Harness::Oracle => wall,
-                _ => run.limits.bash_timeout,
-            },
-        )),
+        None => Box::new(
+            SandboxEnvironment::new(
+                warm.sandbox.clone(),
+                ws.to_string(),
+                // The oracle's one command is the reference solution: the task's time is its.
+                match run.harness {
+                    Harness::Oracle => wall,
+                    _ => run.limits.bash_timeout,
+                },
+            )
+            .with_runner(warm.channel.pid()),
+        ),
     };
     let mut ep = Episode {
         opening: Opening::Episode {

@@ -194,6 +194,35 @@ pub enum Harness {
     Oracle,
     /// No agent: submits at once, no model asked (a dataset's tests must fail it).
     Nop,
+    /// An agent run as a process of the task (`agent:NAME`, `cmd:COMMAND`), served the
+    /// model APIs by the runner's endpoint.
+    Agent(AgentHarness),
+}
+
+/// An agent the host runs in the task (see [`crate::environment::AgentLaunch`]).
+#[derive(Debug, Clone)]
+pub struct AgentHarness {
+    /// The recipe's name, or `cmd`.
+    pub name: String,
+    pub command: String,
+    pub envs: Vec<(String, String)>,
+    /// The known agent it is, if it is one.
+    pub recipe: Option<&'static crate::runner::agents::AgentRecipe>,
+    /// The package's published integrity, once installed.
+    pub digest: Option<String>,
+    /// The model the endpoint names to it (the run's `--model`).
+    pub model: String,
+}
+
+impl AgentHarness {
+    pub fn launch(&self) -> crate::environment::AgentLaunch {
+        crate::environment::AgentLaunch {
+            name: self.name.clone(),
+            command: self.command.clone(),
+            envs: self.envs.clone(),
+            model: self.model.clone(),
+        }
+    }
 }
 
 /// A user harness's files and their digest (computed once: hashing them every episode
@@ -225,6 +254,7 @@ impl Harness {
             Harness::Files(_) => "user",
             Harness::Oracle => "oracle",
             Harness::Nop => "nop",
+            Harness::Agent(_) => "agent",
         }
     }
 
@@ -232,6 +262,7 @@ impl Harness {
     fn runner_loop(&self) -> &'static str {
         match self {
             Harness::Oracle | Harness::Nop => "builtin",
+            Harness::Agent(_) => "endpoint",
             other => other.name(),
         }
     }

@@ -10,7 +10,7 @@ use super::results::{self, ResultsError};
 use super::run_lock::{self, RunLock, RunLockError};
 use super::schedule::{AttemptPlan, FinishedAttempts, MAX_ATTEMPTS};
 use super::shard::Shard;
-use super::{Harness, HarnessFiles};
+use super::{AgentHarness, Harness, HarnessFiles};
 use crate::image::build::DEFAULT_BUILD_TIMEOUT;
 use crate::pool::{self, PoolConfig};
 use crate::runner::BootstrapOpts;
@@ -301,6 +301,43 @@ fn harness(name: &str) -> Result<Harness, PlanError> {
         "pi" => Harness::Pi,
         "oracle" => Harness::Oracle,
         "nop" => Harness::Nop,
+        _ if name.starts_with("agent:") => {
+            let wanted = &name["agent:".len()..];
+            let recipe = crate::runner::agents::recipe(wanted).ok_or_else(|| {
+                PlanError::Usage(format!(
+                    "--harness {name}: no such agent (known: {}); run any other with --harness cmd:'COMMAND'",
+                    crate::runner::agents::known()
+                ))
+            })?;
+            Harness::Agent(AgentHarness {
+                name: recipe.name.to_string(),
+                command: recipe.command.to_string(),
+                envs: recipe
+                    .envs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                recipe: Some(recipe),
+                digest: None,
+                model: String::new(),
+            })
+        }
+        _ if name.starts_with("cmd:") => {
+            let command = name["cmd:".len()..].trim();
+            if command.is_empty() {
+                return Err(PlanError::Usage(
+                    "--harness cmd: names no command (--harness cmd:'COMMAND')".into(),
+                ));
+            }
+            Harness::Agent(AgentHarness {
+                name: "cmd".into(),
+                command: command.to_string(),
+                envs: Vec::new(),
+                recipe: None,
+                digest: None,
+                model: String::new(),
+            })
+        }
         dir => {
             let files = tree::read_harness(Path::new(dir), TreeBounds::default())
                 .map_err(|e| PlanError::Usage(format!("--harness {dir}: {e}")))?;

@@ -68,6 +68,13 @@ pub fn harness_of(harness: &Harness, pi_bundle: Option<&str>) -> (String, Option
         }
         Harness::Files(files) => ("user".into(), Some(files.digest.clone())),
         Harness::Oracle | Harness::Nop => (harness.name().into(), None),
+        Harness::Agent(agent) => match agent.recipe {
+            Some(recipe) => (
+                format!("agent:{}@{}", recipe.name, recipe.version),
+                agent.digest.clone(),
+            ),
+            None => ("cmd".into(), Some(sha256(agent.command.as_bytes()))),
+        },
     }
 }
 

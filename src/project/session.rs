@@ -172,6 +172,7 @@ fn one_turn(
         temperature: None,
         wall: opts.timeout,
         skills: None,
+        agent: None,
     };
     if let Some(skills) = &opts.skills {
         config.offer_skills(skills.clone());
@@ -206,11 +207,14 @@ fn one_turn(
         Ok(o) => o,
         Err(EpisodeError::Channel { source, .. }) => return Err(TurnError::Channel(source)),
         Err(EpisodeError::Environment { source, .. }) => {
-            let EnvError::Sandbox { tool, source } = source;
-            return Err(TurnError::Project(ProjectError::Sandbox {
-                what: format!("run tool {tool}"),
-                source,
-            }));
+            let (what, source) = match source {
+                EnvError::Sandbox { tool, source } => (format!("run tool {tool}"), source),
+                EnvError::AgentStart { agent, source } => (format!("start agent {agent}"), source),
+                other @ EnvError::NoAgents { .. } => {
+                    return Err(TurnError::Agent(other.to_string()))
+                }
+            };
+            return Err(TurnError::Project(ProjectError::Sandbox { what, source }));
         }
     };
     match outcome.stop_reason {
@@ -260,6 +264,7 @@ fn start_live_runner(project: &Project, opts: &TurnOptions) -> Result<DurableCha
                 cwd: Some(dir.clone()),
                 envs: vec![("WMO_LIVE_OUTBOX".into(), outbox.clone())],
                 stdin: true,
+                network_of: None,
             },
         )
         .map_err(sandbox_err("start the live runner"))?;

@@ -5,6 +5,7 @@
 //! (`anthropic` translates both ways). Credentials live here and never cross into a sandbox.
 
 pub mod anthropic;
+pub mod dialect;
 mod http;
 pub mod metered;
 pub mod openai;

@@ -36,7 +36,7 @@ pub const EPISODE_RUNNER: &str = "runner.mjs";
 pub const LIVE_RUNNER: &str = "live.mjs";
 
 /// Every file either runner needs.
-pub const RUNNER_FILES: [RunnerFile; 9] = [
+pub const RUNNER_FILES: [RunnerFile; 10] = [
     runner_file!("runner.mjs"),
     runner_file!("live.mjs"),
     runner_file!("frames.mjs"),
@@ -46,6 +46,7 @@ pub const RUNNER_FILES: [RunnerFile; 9] = [
     runner_file!("outbox.mjs"),
     runner_file!("user_harness.mjs"),
     runner_file!("pi_harness.mjs"),
+    runner_file!("endpoint_harness.mjs"),
 ];
 
 /// Writes every runner file into `dir` of `sandbox` (replacing what is there), so either

@@ -1,6 +1,7 @@
 //! The runner: its embedded JS source ([`assets`]), and the bootstrap that starts it in a
 //! sandbox and waits for its `hello`.
 
+pub mod agents;
 pub mod assets;
 mod bundle;
 pub mod node_layer;
@@ -184,6 +185,7 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
         cwd: Some(dir.clone()),
         envs,
         stdin: true,
+        network_of: None,
     };
     let mut channel = StdioChannel::spawn(sandbox.clone(), &command, &spawn, opts.renewal.clone())
         .map_err(|source| RunnerError::Start {

@@ -13,7 +13,7 @@
 
 mod build;
 mod bundle;
-mod command;
+pub(crate) mod command;
 mod error;
 mod install;
 mod sandbox;

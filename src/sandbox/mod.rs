@@ -187,6 +187,10 @@ pub struct SpawnOpts {
     pub envs: Vec<(String, String)>,
     /// Keep stdin open so the caller can `send_stdin`.
     pub stdin: bool,
+    /// Where a sandbox's commands get networks of their own (no internet), this one shares
+    /// the network of that process of the same sandbox instead (an agent reaching the
+    /// runner's endpoint on loopback). Elsewhere they share one network already.
+    pub network_of: Option<u32>,
 }
 
 /// What a background process reports, in order, on its event channel.

@@ -44,17 +44,10 @@ need python3 "install Python 3.9 or newer with the venv module"
 need cargo "install Rust with rustup (https://rustup.rs)"
 need node "install Node.js 18 or newer (the snapshot walker runs in the sandbox)"
 
-# --- the SDK venv, exactly as scripts/conformance.sh makes it ---------------------------
+# --- the SDK venv, the one scripts/conformance.sh makes ---------------------------------
 venv=target/e2b-venv
-reqs=scripts/e2b-requirements.txt
-stamp="$(python3 --version 2>&1) $(cksum < "$reqs")"
-if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.wmo-stamp" 2>/dev/null)" != "$stamp" ]]; then
-  log "creating $venv"
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$reqs"
-  echo "$stamp" > "$venv/.wmo-stamp"
-fi
+source scripts/lib/venv.sh
+pinned_venv "$venv" scripts/e2b-requirements.txt run.sh
 PY=$ROOT/$venv/bin/python
 SDK="$PY $ROOT/scripts/bench/e2b/sdk_bench.py"
 

@@ -14,7 +14,7 @@ const STDERR_TAIL: usize = 4096;
 const STDOUT_HEAD: usize = 64 * 1024;
 
 /// How a program ended.
-pub(super) struct Finished {
+pub(crate) struct Finished {
     /// `None`: killed at the deadline.
     pub status: Option<ExitStatus>,
     pub stdout: Vec<u8>,
@@ -24,7 +24,7 @@ pub(super) struct Finished {
 /// Runs `cmd` (stdin closed, stdout and stderr captured) until it exits or `deadline`
 /// passes. An error is a failure to start or to wait for it: `NotFound` means no such
 /// program.
-pub(super) fn run_until(cmd: &mut Command, deadline: Instant) -> io::Result<Finished> {
+pub(crate) fn run_until(cmd: &mut Command, deadline: Instant) -> io::Result<Finished> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -47,6 +47,9 @@ pub struct LocalOptions {
     /// Host directories shown read-only to [`crate::sandbox::Role::System`] processes under
     /// bwrap, each at the sandbox path given (the pi install, under the system directory).
     pub system_read_only: Vec<(PathBuf, String)>,
+    /// Host directories shown read-only to every process of a sandbox under bwrap (task,
+    /// verifier and system alike), each at the sandbox path given: an agent's install.
+    pub everyone_read_only: Vec<(PathBuf, String)>,
     /// Namespace holders starting at once, for this whole process (see `admission`);
     /// `None` leaves the bound as it is (by default, the CPUs this process may use).
     pub create_concurrency: Option<usize>,
@@ -117,6 +120,7 @@ impl LocalBackend {
                 passwd,
                 group,
                 system_read_only: options.system_read_only,
+                everyone_read_only: options.everyone_read_only,
             }),
             registry: Mutex::default(),
         });

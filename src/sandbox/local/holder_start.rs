@@ -79,6 +79,7 @@ fn check_mapped(bwrap: &Bwrap, exe: &Path) -> Result<(), String> {
         passwd: Path::new("/dev/null"),
         group: Path::new("/dev/null"),
         shared: &[],
+        everyone: &[],
         root: None,
         boot_id: None,
     };

@@ -366,6 +366,8 @@ pub(super) struct Binds<'a> {
     pub group: &'a Path,
     /// Host directories shared read-only with `Role::System` processes, and where.
     pub shared: &'a [(PathBuf, String)],
+    /// Host directories shown read-only to every process, and where.
+    pub everyone: &'a [(PathBuf, String)],
     /// The root of task processes when they run on an image (see `image_root`), in place
     /// of the host's system directories.
     pub root: Option<&'a Path>,
@@ -404,6 +406,17 @@ impl Bwrap {
                 a.0.extend(self.mounts.iter().cloned());
                 a.0.extend(self.host_node.iter().cloned());
             }
+        }
+        for (host, at) in binds.everyone {
+            // bwrap makes missing mount points its own (0700): every process must pass.
+            let ancestors: Vec<&Path> = Path::new(at).ancestors().skip(1).collect();
+            for dir in ancestors.iter().rev().filter(|d| d.parent().is_some()) {
+                a.push(["--perms", "0755", "--dir"]);
+                a.path(dir);
+            }
+            a.push(["--ro-bind"]);
+            a.path(host);
+            a.push([at.as_str()]);
         }
         if let Some(boot_id) = binds.boot_id {
             // `-try`: a sandbox made before boot ids has none until it boots again.
@@ -549,6 +562,7 @@ fn check(b: &Bwrap) -> Result<(), String> {
             passwd: &passwd,
             group: &group,
             shared: &[],
+            everyone: &[],
             root: None,
             boot_id: None,
         };

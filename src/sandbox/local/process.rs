@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,6 +56,9 @@ pub(super) struct Launch<'a> {
     pub role: Role,
     pub envs: &'a [(String, String)],
     pub stdin: bool,
+    /// A process of this sandbox whose network this one joins when commands get networks
+    /// of their own (see `SpawnOpts::network_of`).
+    pub network_of: Option<u32>,
 }
 
 struct Started {
@@ -123,7 +127,7 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
                 holder: &holder,
                 user_namespace: bwrap.in_user_namespace(state.ids),
                 drop_to: bwrap.drops_to(l.role),
-                own_network: !state.internet(),
+                own_network: !state.internet() && l.network_of.is_none(),
                 cwd: &l.cwd,
                 env: &env,
                 argv: &argv,
@@ -133,6 +137,8 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
                 let ns = netns::open(&holder)
                     .map_err(|e| state.io_error("joining the sandbox's network", e))?;
                 c.join_netns(ns);
+            } else if let Some(pid) = l.network_of.filter(|_| !state.internet()) {
+                c.join_netns(network_of(state, pid)?);
             }
             c
         }
@@ -150,7 +156,7 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
             c
         }
         Mode::None => {
-            let mut c = match state.internet() {
+            let mut c = match state.internet() || l.network_of.is_some() {
                 true => {
                     let mut c = Spawn::new(sys::program("bash"));
                     c.args(["-c", l.cmd]);
@@ -178,6 +184,9 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
             if std::env::var_os("PATH").is_none() {
                 c.env("PATH", DEFAULT_PATH);
             }
+            if let Some(pid) = l.network_of.filter(|_| !state.internet()) {
+                c.join_netns(network_of(state, pid)?);
+            }
             c.current_dir(&l.cwd)
                 .env("HOME", home)
                 .envs(state.envs.iter().map(|(k, v)| (k, v)))
@@ -198,6 +207,30 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
         .stdout(Io::Piped)
         .stderr(Io::Piped);
     Ok(c)
+}
+
+/// The network namespace of `pid`, which must be a live process this sandbox started: a
+/// caller cannot lend a command the network of a process that is not the sandbox's.
+fn network_of(state: &SandboxState, pid: u32) -> Result<std::os::fd::OwnedFd> {
+    if state.entry(pid).is_none() {
+        return Err(state.no_such_process(pid));
+    }
+    let what = format!("joining the network of process {pid}");
+    let file = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .map_err(|e| state.io_error(what.clone(), e))?;
+    // A process started while the sandbox had the host's network (a task that narrowed it
+    // since) still has it: a command without network must not be given it.
+    let host =
+        std::fs::metadata("/proc/self/ns/net").map_err(|e| state.io_error(what.clone(), e))?;
+    let theirs = file
+        .metadata()
+        .map_err(|e| state.io_error(what.clone(), e))?;
+    if (theirs.dev(), theirs.ino()) == (host.dev(), host.ino()) {
+        let why =
+            "that process has the host's network, which a command without network must not join";
+        return Err(state.io_error(what, io::Error::new(io::ErrorKind::PermissionDenied, why)));
+    }
+    Ok(std::os::fd::OwnedFd::from(file))
 }
 
 /// A task command's shell, and a verifier's, which reads no profile, rc file or `BASH_ENV`

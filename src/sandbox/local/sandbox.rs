@@ -48,6 +48,7 @@ impl LocalSandbox {
             role,
             envs,
             stdin,
+            network_of: None,
         })
     }
 
@@ -142,7 +143,9 @@ impl Sandbox for LocalSandbox {
     }
 
     fn spawn_into(&self, cmd: &str, opts: &SpawnOpts, sink: Box<dyn OutputSink>) -> Result<u32> {
-        let launch = self.launch(cmd, opts.cwd.as_deref(), opts.role, &opts.envs, opts.stdin)?;
+        let mut launch =
+            self.launch(cmd, opts.cwd.as_deref(), opts.role, &opts.envs, opts.stdin)?;
+        launch.network_of = opts.network_of;
         process::spawn(&self.state, &launch, sink)
     }
 

@@ -38,6 +38,8 @@ pub(super) struct HostConfig {
     pub group: PathBuf,
     /// Host directories shown read-only to [`Role::System`] processes, and where.
     pub system_read_only: Vec<(PathBuf, String)>,
+    /// Host directories shown read-only to every process, and where.
+    pub everyone_read_only: Vec<(PathBuf, String)>,
 }
 
 /// How a sandbox's processes start.
@@ -187,6 +189,7 @@ impl SandboxState {
             passwd: &self.host.passwd,
             group: &self.host.group,
             shared: &self.host.system_read_only,
+            everyone: &self.host.everyone_read_only,
             root: None,
             boot_id: None,
         }

@@ -85,6 +85,7 @@ pub(super) fn start(
             cwd: local_cwd,
             envs: all_envs,
             stdin,
+            network_of: None,
         },
     );
     let process = spawned.map_err(|e| match e {
