@@ -10,7 +10,7 @@
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::admission;
@@ -27,6 +27,7 @@ use super::spawn::Spawn;
 use super::start_report::read_until;
 use super::sys;
 use crate::sandbox::{ImageRoot, Role};
+use crate::sync::lock;
 
 /// How long a holder may take to report its namespace. Long: a holder that fails closes its
 /// pipes and is seen at once, so this bounds only one that hangs, and a start on a host
@@ -54,16 +55,39 @@ exec >/dev/null 2>&1 9<&- </dev/null
 while [ -e "$m" ]; do sleep 10; done
 kill -KILL 0"#;
 
+/// How long a refused probe stands before the next sandbox probes again.
+const PROBE_AGAIN_AFTER: Duration = Duration::from_secs(60);
+
 /// As root: this program, by path, where a sandbox's holder can run in a user namespace
-/// mapping an id range (the kernel may refuse user namespaces); probed once per process.
+/// mapping an id range (the kernel may refuse user namespaces). A success holds for the
+/// process; a refusal only for [`PROBE_AGAIN_AFTER`], since a probe also fails when the host
+/// is too busy to finish it within its bound, and one such moment must not take id ranges
+/// (and image roots) from every later sandbox of the process.
 pub(super) fn mapper(bwrap: &Bwrap) -> Option<&'static Path> {
-    static MAPPER: OnceLock<Option<PathBuf>> = OnceLock::new();
-    MAPPER
-        .get_or_init(|| {
-            let exe = std::env::current_exe().ok()?;
-            (bwrap.is_root() && check_mapped(bwrap, &exe).is_ok()).then_some(exe)
-        })
-        .as_deref()
+    static MAPPER: OnceLock<PathBuf> = OnceLock::new();
+    static REFUSED_AT: Mutex<Option<Instant>> = Mutex::new(None);
+    if let Some(exe) = MAPPER.get() {
+        return Some(exe);
+    }
+    if !bwrap.is_root() {
+        return None;
+    }
+    // Held while probing: callers at once wait for one probe rather than start their own.
+    let mut refused = lock(&REFUSED_AT);
+    if let Some(exe) = MAPPER.get() {
+        return Some(exe);
+    }
+    if refused.is_some_and(|at| at.elapsed() < PROBE_AGAIN_AFTER) {
+        return None;
+    }
+    let exe = std::env::current_exe().ok()?;
+    match check_mapped(bwrap, &exe) {
+        Ok(()) => Some(MAPPER.get_or_init(|| exe)),
+        Err(_) => {
+            *refused = Some(Instant::now());
+            None
+        }
+    }
 }
 
 /// Runs `/bin/true` the way a sandbox's first holder starts in its user namespace.
