@@ -256,6 +256,77 @@ fn an_agent_never_joins_a_runner_that_has_the_hosts_network() {
     );
 }
 
+/// Runs `tasks` (ids) of the sum task with `agent` through the emulator, scripted with
+/// `steps`; every one must pass.
+fn sum_through_the_emulator(agent: &str, steps: Value, ids: &[&str]) -> Env {
+    let env = Env::new();
+    share_agent_installs(&env);
+    let emu = support::e2b_cli::Emulator::start(&env.path("emu"), &[]);
+    let lines: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            json!({
+                "id": id, "instruction": "Write the sum of the numbers in in.txt to out.txt.",
+                "files": {"in.txt": "3 4"}, "verify": "test \"$(cat out.txt)\" = 7",
+                "model_script": steps,
+            })
+            .to_string()
+        })
+        .collect();
+    let tasks = env.write_tasks(&lines);
+    let harness = format!("agent:{agent}");
+    let o = support::e2b_cli::eval_cmd(
+        &env,
+        &emu,
+        &tasks,
+        &env.out(),
+        &["--harness", &harness, "-j", "1"],
+    )
+    .env("ANTHROPIC_API_KEY", HOST_SECRET)
+    .env("OPENAI_API_KEY", HOST_SECRET)
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for id in ids {
+        let r = env.result(id);
+        assert_eq!(r["status"], "passed", "{r}");
+        assert_eq!(r["stop_reason"], "agent_exit", "{r}");
+    }
+    assert!(emu.live().is_empty(), "{:?}", emu.live());
+    env
+}
+
+/// Through E2B's protocol the sandbox cannot see the host's install: the bootstrap places
+/// the install's archive in each sandbox once, and a second task on the same sandbox finds it.
+#[test]
+fn claude_code_runs_through_the_emulator_from_the_placed_install() {
+    let bash = |command: &str| json!({"tool_calls": [{"name": "Bash", "arguments": {"command": command, "description": "step"}}]});
+    let steps =
+        json!([bash("cat in.txt"), bash("echo $((3 + 4)) > out.txt"), {"content": "Done."}]);
+    let env = sum_through_the_emulator("claude-code", steps, &["first", "second"]);
+    assert_eq!(env.result("second")["sandbox"]["reused"], true);
+}
+
+#[test]
+fn codex_runs_through_the_emulator_from_the_placed_install() {
+    let shell =
+        |cmd: &str| json!({"tool_calls": [{"name": "exec_command", "arguments": {"cmd": cmd}}]});
+    let steps =
+        json!([shell("cat in.txt"), shell("echo $((3 + 4)) > out.txt"), {"content": "Done."}]);
+    sum_through_the_emulator("codex", steps, &["codex"]);
+}
+
+#[test]
+fn mini_swe_agent_runs_through_the_emulator_from_the_placed_install() {
+    let bash = |command: &str| json!({"tool_calls": [{"name": "bash", "arguments": {"command": command}}]});
+    let steps = json!([
+        bash("cat in.txt"),
+        bash("echo $((3 + 4)) > out.txt"),
+        bash("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
+    ]);
+    sum_through_the_emulator("mini-swe-agent", steps, &["mini"]);
+}
+
 /// An agent that never ends is ended at the episode's deadline, and the task's record says so.
 #[test]
 fn an_agent_that_never_exits_is_ended_at_the_deadline() {

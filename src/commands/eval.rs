@@ -290,7 +290,9 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         ),
         _ => None,
     };
-    let agent = super::eval_agent::install(&mut plan.harness, &args.model, args.backend)?;
+    let agent = super::eval_agent::install(&mut plan.harness, &args.model)?;
+    // On E2B, the agent's install placed in each sandbox by its bootstrap.
+    let mut agent_ship = None;
     let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &plan.run_id())
         .context("cannot open the lease ledger")?;
     // On E2B, the backend that makes templates of the tasks' images.
@@ -324,6 +326,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             let backend = E2bBackend::from_env(e2b_options(&args))
                 .map_err(|e| UsageError(format!("cannot use the e2b backend: {e}")))?;
             e2b = Some(backend.clone());
+            agent_ship = super::eval_agent::ship(&mut plan.harness, agent.as_ref())?;
             (
                 backend as Arc<dyn Backend>,
                 pi.as_ref().map(|i| i.placed_shipment()),
@@ -339,6 +342,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
     let bootstrap = BootstrapOpts {
         hello_timeout: args.hello_timeout,
         pi: pi_shipment,
+        agent: agent_ship,
         ..BootstrapOpts::default()
     };
     let mut pool_config = plan.pool_config(

@@ -2,18 +2,12 @@
 
 use anyhow::{Context, Result};
 use wmo_e2b::eval::Harness;
-use wmo_e2b::runner::agents::{self, AgentInstall, AGENT_DIR_ENV};
+use wmo_e2b::runner::agents::{self, AgentInstall, AgentShipment, AGENT_DIR_ENV};
 use wmo_e2b::sandbox::local::Isolation;
-
-use super::{BackendKind, UsageError};
 
 /// Gives an agent harness the run's model and installs a known agent's package (once per
 /// host). `None` for any other harness, and for `cmd:`, which brings its own program.
-pub fn install(
-    harness: &mut Harness,
-    model: &str,
-    backend: BackendKind,
-) -> Result<Option<AgentInstall>> {
+pub fn install(harness: &mut Harness, model: &str) -> Result<Option<AgentInstall>> {
     let Harness::Agent(agent) = harness else {
         return Ok(None);
     };
@@ -21,17 +15,32 @@ pub fn install(
     let Some(recipe) = agent.recipe else {
         return Ok(None);
     };
-    if backend == BackendKind::E2b {
-        return Err(UsageError(format!(
-            "--harness agent:{} runs on the local backend: on E2B the agent would have to be in the template (use --harness cmd:'COMMAND' with a template that has it)",
-            recipe.name
-        ))
-        .into());
-    }
     let found = agents::ensure_installed(&wmo_e2b::state::state_dir(), recipe)
         .with_context(|| format!("cannot install the agent {}", recipe.spec()))?;
     agent.digest = Some(found.digest.clone());
     Ok(Some(found))
+}
+
+/// On E2B, what the bootstrap places in each sandbox (the install's archive, read once),
+/// and the agent told where it lands.
+pub fn ship(
+    harness: &mut Harness,
+    install: Option<&AgentInstall>,
+) -> Result<Option<AgentShipment>> {
+    let (Harness::Agent(agent), Some(install)) = (harness, install) else {
+        return Ok(None);
+    };
+    let ship = install.shipment().with_context(|| {
+        format!(
+            "cannot ship the agent {} to sandboxes",
+            install.recipe.spec()
+        )
+    })?;
+    agent.envs.retain(|(k, _)| k != AGENT_DIR_ENV);
+    agent
+        .envs
+        .push((AGENT_DIR_ENV.to_string(), ship.sandbox_dir()));
+    Ok(Some(ship))
 }
 
 /// Tells the agent where its install is: the read-only mount under bwrap, the host

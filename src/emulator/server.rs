@@ -76,6 +76,7 @@ impl Emulator {
         let options = LocalOptions {
             isolation: config.isolation,
             create_concurrency: config.create_concurrency,
+            system_read_only_to_tasks: true,
             ..LocalOptions::default()
         };
         let backend = LocalBackend::open_with(&config.state_dir, options).map_err(|source| {

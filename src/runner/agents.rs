@@ -16,6 +16,10 @@ use serde_json::Value;
 
 use super::pi::command::run_until;
 
+mod placed;
+
+pub use placed::{place_agent, AgentShipment};
+
 /// Where a sandbox sees an agent's install: `<this>/<name>`.
 pub const SANDBOX_AGENTS_DIR: &str = "/opt/wmo-e2b/agents";
 
@@ -167,7 +171,7 @@ pub enum AgentInstallError {
 }
 
 /// The marker an install is complete behind: the digest it was installed with.
-const MARKER: &str = "wmo-e2b-installed";
+pub(crate) const MARKER: &str = "wmo-e2b-installed";
 
 /// `<state_dir>/agents/<name>-<version>`.
 pub fn install_dir(state_dir: &Path, recipe: &AgentRecipe) -> PathBuf {

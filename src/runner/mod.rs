@@ -81,6 +81,12 @@ pub enum RunnerError {
         expected: String,
         found: String,
     },
+    #[error("the agent {agent} could not be unpacked in sandbox {id} (it needs tar and gzip there): {output}")]
+    AgentUnpack {
+        id: String,
+        agent: &'static str,
+        output: String,
+    },
 }
 
 impl RunnerError {
@@ -101,7 +107,8 @@ impl RunnerError {
             | RunnerError::NodeTooOld { .. }
             | RunnerError::Protocol { .. }
             | RunnerError::PiUnavailable { .. }
-            | RunnerError::PiBundleDigest { .. } => false,
+            | RunnerError::PiBundleDigest { .. }
+            | RunnerError::AgentUnpack { .. } => false,
         }
     }
 }
@@ -118,6 +125,8 @@ pub struct BootstrapOpts {
     /// where the sandbox sees it, or placed into it by the bootstrap; the runner is given
     /// its path and digest, and its hello must report that digest.
     pub pi: Option<pi::PiShipment>,
+    /// An agent's install, placed by the bootstrap where the sandbox cannot see the host's.
+    pub agent: Option<agents::AgentShipment>,
 }
 
 impl Default for BootstrapOpts {
@@ -127,6 +136,7 @@ impl Default for BootstrapOpts {
             renewal: None,
             envs: Vec::new(),
             pi: None,
+            agent: None,
         }
     }
 }
@@ -153,6 +163,9 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
         id: id.clone(),
         source,
     })?;
+    if let Some(ship) = &opts.agent {
+        agents::place_agent(sandbox.as_ref(), ship)?;
+    }
     let mut envs = opts.envs.clone();
     // The pi bundle and where this runner finds it.
     let shipped = match &opts.pi {

@@ -50,6 +50,10 @@ pub struct LocalOptions {
     /// Host directories shown read-only to every process of a sandbox under bwrap (task,
     /// verifier and system alike), each at the sandbox path given: an agent's install.
     pub everyone_read_only: Vec<(PathBuf, String)>,
+    /// Shows the system directory (the runner's, and what root placed there) read-only to
+    /// task processes too, as an E2B sandbox's user sees what root wrote under `/opt`: the
+    /// emulator's sandboxes. An eval's keep it from the task.
+    pub system_read_only_to_tasks: bool,
     /// Namespace holders starting at once, for this whole process (see `admission`);
     /// `None` leaves the bound as it is (by default, the CPUs this process may use).
     pub create_concurrency: Option<usize>,
@@ -121,6 +125,7 @@ impl LocalBackend {
                 group,
                 system_read_only: options.system_read_only,
                 everyone_read_only: options.everyone_read_only,
+                system_read_only_to_tasks: options.system_read_only_to_tasks,
             }),
             registry: Mutex::default(),
         });

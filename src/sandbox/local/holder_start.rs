@@ -104,6 +104,7 @@ fn check_mapped(bwrap: &Bwrap, exe: &Path) -> Result<(), String> {
         group: Path::new("/dev/null"),
         shared: &[],
         everyone: &[],
+        system_to_tasks: false,
         root: None,
         boot_id: None,
     };

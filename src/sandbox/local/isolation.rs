@@ -368,6 +368,8 @@ pub(super) struct Binds<'a> {
     pub shared: &'a [(PathBuf, String)],
     /// Host directories shown read-only to every process, and where.
     pub everyone: &'a [(PathBuf, String)],
+    /// The system directory shown read-only to every role, not only to `Role::System`.
+    pub system_to_tasks: bool,
     /// The root of task processes when they run on an image (see `image_root`), in place
     /// of the host's system directories.
     pub root: Option<&'a Path>,
@@ -433,6 +435,11 @@ impl Bwrap {
         a.push([BWRAP_HOME, "--bind"]);
         a.path(binds.tmp);
         a.push([BWRAP_TMP]);
+        if role != Role::System && binds.system_to_tasks {
+            a.push(["--ro-bind"]);
+            a.path(binds.system);
+            a.push([BWRAP_SYSTEM]);
+        }
         if role != Role::System {
             // Present in sandboxes made before verifiers existed only as empty places.
             a.push(["--ro-bind-try"]);
@@ -563,6 +570,7 @@ fn check(b: &Bwrap) -> Result<(), String> {
             group: &group,
             shared: &[],
             everyone: &[],
+            system_to_tasks: false,
             root: None,
             boot_id: None,
         };

@@ -40,6 +40,8 @@ pub(super) struct HostConfig {
     pub system_read_only: Vec<(PathBuf, String)>,
     /// Host directories shown read-only to every process, and where.
     pub everyone_read_only: Vec<(PathBuf, String)>,
+    /// Whether task processes see the system directory, read-only.
+    pub system_read_only_to_tasks: bool,
 }
 
 /// How a sandbox's processes start.
@@ -190,6 +192,7 @@ impl SandboxState {
             group: &self.host.group,
             shared: &self.host.system_read_only,
             everyone: &self.host.everyone_read_only,
+            system_to_tasks: self.host.system_read_only_to_tasks,
             root: None,
             boot_id: None,
         }
