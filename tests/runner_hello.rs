@@ -73,3 +73,42 @@ fn a_hello_naming_another_protocol_is_refused() {
         }
     }
 }
+
+/// An idle runner holds few threads (V8's workers and libuv's pool cut to one each): counted
+/// on the real runner, the descendant of the bootstrap's process named `node`.
+#[test]
+fn an_idle_runner_holds_at_most_five_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (backend, sb) = local_sandbox(&dir.path().join("state"));
+    let started = bootstrap(&sb, &BootstrapOpts::default()).expect("the runner starts");
+    let mut todo = vec![started.channel.pid()];
+    let mut node = None;
+    while let Some(pid) = todo.pop() {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() == "node" {
+            node = Some(pid);
+            break;
+        }
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            todo.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+    }
+    let node = node.expect("the runner's node process");
+    // Threads start lazily: give the runner a moment past its hello.
+    std::thread::sleep(Duration::from_millis(500));
+    let threads = std::fs::read_dir(format!("/proc/{node}/task"))
+        .unwrap()
+        .count();
+    let _ = backend.kill(sb.id());
+    assert!(threads <= 5, "an idle runner holds {threads} threads");
+}

@@ -255,7 +255,11 @@ fn start_live_runner(project: &Project, opts: &TurnOptions) -> Result<DurableCha
         .map_err(sandbox_err("create the outbox"))?;
     // Paths in the command and the environment are relative to the runner directory (its
     // working directory), so they hold wherever the backend keeps the sandbox's home.
-    let cmd = format!("mkdir -p {outbox}/frames && exec node live.mjs 2>> {outbox}/stderr.log");
+    let cmd = format!(
+        "mkdir -p {outbox}/frames && {} exec node {} live.mjs 2>> {outbox}/stderr.log",
+        crate::runner::RUNNER_THREADS,
+        crate::runner::NODE_THREADS
+    );
     let process = sandbox
         .spawn(
             &cmd,

@@ -147,6 +147,13 @@ pub struct Started {
     pub hello: Map<String, Value>,
 }
 
+/// A runner needs few threads. V8's platform workers and libuv's pool default to four each:
+/// eleven threads an idle runner holds (five with these), which a thousand sandboxes
+/// multiply into thousands of kernel tasks. Node reads the pool's size from the environment.
+pub const RUNNER_THREADS: &str = "UV_THREADPOOL_SIZE=1";
+/// Node's flag for V8's platform workers (see [`RUNNER_THREADS`]).
+pub const NODE_THREADS: &str = "--v8-pool-size=1";
+
 /// The absolute runner directory of a sandbox.
 pub fn runner_dir(sandbox: &dyn Sandbox) -> String {
     format!(
@@ -189,7 +196,7 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
     // A template made of a task's image carries Node.js in its own directory (see
     // `node_layer`); where there is none, the `node` on `PATH` runs the runner.
     let command = format!(
-        "PATH={}/bin:$PATH exec node {}",
+        "PATH={}/bin:$PATH {RUNNER_THREADS} exec node {NODE_THREADS} {}",
         node_layer::NODE_LAYER_DIR,
         assets::EPISODE_RUNNER
     );
