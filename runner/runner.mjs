@@ -186,12 +186,12 @@ function onEpisodeStart(frame) {
   // An episode_start this runner cannot honour is refused, never run some
   // other way: an agent without its tools, or the builtin loop standing in for
   // the harness that was sent, would still "pass" a task without verify.
-  var tools, harness, files;
+  var tools, harness, files, endpoint;
   try {
     files = harnessFiles(frame.files, frame.files_digest);
     tools = normalizeTools(frame.tools);
     harness = chooseHarness(frame.harness, files);
-    if (harness === "endpoint") endpointSpec(frame.endpoint);
+    endpoint = harness === "endpoint" ? endpointSpec(frame.endpoint) : null;
   } catch (e) {
     send({ type: "episode_error", episode_id: id, note: "cannot run this episode_start: " + e.message });
     return;
@@ -211,7 +211,7 @@ function onEpisodeStart(frame) {
       maxTurns: intAtLeast(frame.max_turns, 1, DEFAULT_MAX_TURNS),
       maxOutputTokens: intAtLeast(frame.max_output_tokens, 1, DEFAULT_MAX_OUTPUT_TOKENS),
       temperature: finiteOrUndefined(frame.temperature),
-      endpoint: harness === "endpoint" ? endpointSpec(frame.endpoint) : null,
+      endpoint: endpoint,
     },
   };
   current = episode;

@@ -291,13 +291,13 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
         _ => None,
     };
     let agent = super::eval_agent::install(&mut plan.harness, &args.model)?;
-    // On E2B, the agent's install placed in each sandbox by its bootstrap.
-    let mut agent_ship = None;
     let ledger = Ledger::open(&wmo_e2b::state::state_dir(), &plan.run_id())
         .context("cannot open the lease ledger")?;
     // On E2B, the backend that makes templates of the tasks' images.
     let mut e2b: Option<Arc<E2bBackend>> = None;
-    let (inner, pi_shipment, network): (Arc<dyn Backend>, _, _) = match args.backend {
+    // pi and an agent's install: seen through a mount locally, placed by the bootstrap on E2B.
+    let (inner, pi_shipment, agent_ship, network): (Arc<dyn Backend>, _, _, _) = match args.backend
+    {
         BackendKind::Local => {
             let mut local = args.local.options();
             if let Some(install) = &pi {
@@ -306,7 +306,7 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             if let Some(install) = &agent {
                 local
                     .everyone_read_only
-                    .push((install.dir.clone(), install.sandbox_dir()));
+                    .push((install.dir.clone(), install.recipe.sandbox_dir()));
             }
             let backend = open_local(local)?;
             super::eval_agent::point_at_install(
@@ -319,17 +319,17 @@ pub fn run(args: EvalArgs) -> Result<Exit> {
             }
             let shipment = pi.as_ref().map(|i| i.local_shipment(backend.isolation()));
             let network = local_network(args.network, backend.network_unavailable())?;
-            (backend, shipment, network)
+            (backend, shipment, None, network)
         }
         // E2B's sandboxes are microVMs of their own: internet or not is all there is.
         BackendKind::E2b => {
             let backend = E2bBackend::from_env(e2b_options(&args))
                 .map_err(|e| UsageError(format!("cannot use the e2b backend: {e}")))?;
             e2b = Some(backend.clone());
-            agent_ship = super::eval_agent::ship(&mut plan.harness, agent.as_ref())?;
             (
                 backend as Arc<dyn Backend>,
                 pi.as_ref().map(|i| i.placed_shipment()),
+                super::eval_agent::ship(&mut plan.harness, agent.as_ref())?,
                 args.network.map_or(Network::Internet, Network::from),
             )
         }

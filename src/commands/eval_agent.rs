@@ -36,10 +36,7 @@ pub fn ship(
             install.recipe.spec()
         )
     })?;
-    agent.envs.retain(|(k, _)| k != AGENT_DIR_ENV);
-    agent
-        .envs
-        .push((AGENT_DIR_ENV.to_string(), ship.sandbox_dir()));
+    agent.set_env(AGENT_DIR_ENV, install.recipe.sandbox_dir());
     Ok(Some(ship))
 }
 
@@ -54,9 +51,8 @@ pub fn point_at_install(
         return;
     };
     let seen = match isolation {
-        Isolation::Bwrap => install.sandbox_dir(),
+        Isolation::Bwrap => install.recipe.sandbox_dir(),
         Isolation::None => install.dir.to_string_lossy().into_owned(),
     };
-    agent.envs.retain(|(k, _)| k != AGENT_DIR_ENV);
-    agent.envs.push((AGENT_DIR_ENV.to_string(), seen));
+    agent.set_env(AGENT_DIR_ENV, seen);
 }

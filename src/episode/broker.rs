@@ -13,7 +13,7 @@ use crate::cancel::CancelToken;
 use crate::channel::{frame_type, ChannelError, Frame, FrameChannel};
 use crate::environment::{ToolOutput, ENV_TOOLS};
 use crate::errors::error_chain;
-use crate::provider::{FailureScope, ModelCall};
+use crate::provider::{Completion, FailureScope, ModelCall, ProviderError};
 
 mod endpoint;
 
@@ -145,15 +145,6 @@ impl<'a, 'b> Broker<'a, 'b> {
     fn dispatch(&mut self, frame: Frame) -> Result<Step, EpisodeError> {
         let live = matches!(self.ep.opening, Opening::LiveTurn { .. });
         match frame_type(&frame) {
-            "llm_request" if frame.get("api").is_some() => match frame.req_id() {
-                Some(req_id) => self.on_api_request(frame.body(), req_id),
-                None => {
-                    self.ep
-                        .observer
-                        .note("ignored an llm_request without an integer req_id");
-                    Ok(Step::Continue)
-                }
-            },
             "llm_request" => self.on_llm_request(&frame),
             "endpoint_ready" => self.on_endpoint_ready(frame.body()),
             "done" if !live && self.ep.config.agent.is_some() => Ok(Step::End(self.agent_done())),
@@ -248,25 +239,16 @@ impl<'a, 'b> Broker<'a, 'b> {
                 .note("ignored an llm_request without an integer req_id");
             return Ok(Step::Continue);
         };
-        if self.counters.turns >= self.ep.config.max_turns {
-            // The runner enforces the cap itself; one that asks for more is not trusted
-            // with another call.
-            return Ok(Step::End(self.outcome(
-                StopReason::MaxTurns,
-                String::new(),
-                Some(format!(
-                    "the runner asked for model call {} past max_turns {}",
-                    self.counters.turns + 1,
-                    self.ep.config.max_turns
-                )),
-                false,
-            )));
+        // An agent's request through the runner's endpoint, in the API it spoke.
+        if frame.get("api").is_some() {
+            return self.on_api_request(frame.body(), req_id);
         }
-        if let Some(note) = self.ep.config.budget.reached(self.counters.tokens) {
-            // Like a spend cap, the limit ends the episode rather than the call: the runner
-            // is not answered and so may still be mid-turn.
+        if let Some((stop, note)) = self.spent("runner") {
+            // The runner enforces max_turns itself; one that asks for more is not trusted
+            // with another call. Like a spend cap, a token or cost limit ends the episode
+            // rather than the call: the runner is not answered and so may still be mid-turn.
             return Ok(Step::End(self.outcome(
-                StopReason::Budget,
+                stop,
                 String::new(),
                 Some(note),
                 false,
@@ -277,29 +259,13 @@ impl<'a, 'b> Broker<'a, 'b> {
             .get("openai_body")
             .filter(|b| b.is_object())
             .unwrap_or(&empty);
-        let call = ModelCall {
-            label: self.ep.label,
-            script: self.ep.script,
-            index: self.counters.turns as usize,
-            body,
-            cancel: &self.calls_cancel,
-        };
-        self.counters.turns += 1;
-        let reply = if let Some(failure) = &self.provider_failure {
-            // The conversation's record is an error whatever happens next, so a harness
-            // that keeps asking is answered at once instead of waiting out the retries again.
-            let msg = format!(
-                "not sent: an earlier model call failed: {}",
-                failure.message
-            );
+        let reply = if let Some(msg) = self.not_sent() {
+            // Counted as a call all the same: the harness asked for one.
+            self.counters.turns += 1;
             self.reply("llm_response", req_id, json!({"error": msg}))
         } else {
-            match self.ep.provider.complete(&call) {
-                Ok(done) => {
-                    self.counters.tokens.add_call(done.usage);
-                    self.counters.provider_retries += done.retries;
-                    self.reply("llm_response", req_id, json!({"completion": done.body}))
-                }
+            match self.call_model(body) {
+                Ok(done) => self.reply("llm_response", req_id, json!({"completion": done.body})),
                 Err(e) => {
                     let msg = self.failed_call(&e);
                     self.reply("llm_response", req_id, json!({"error": msg}))
@@ -314,9 +280,53 @@ impl<'a, 'b> Broker<'a, 'b> {
         Ok(self.after_answer())
     }
 
+    /// The budget the next model call would pass, and the note that says so: `max_turns`, or
+    /// the task's token or cost limit. `who` asked (the runner, an agent).
+    fn spent(&self, who: &str) -> Option<(StopReason, String)> {
+        let config = self.ep.config;
+        if self.counters.turns >= config.max_turns {
+            let note = format!(
+                "the {who} asked for model call {} past max_turns {}",
+                self.counters.turns + 1,
+                config.max_turns
+            );
+            return Some((StopReason::MaxTurns, note));
+        }
+        let note = config.budget.reached(self.counters.tokens)?;
+        Some((StopReason::Budget, note))
+    }
+
+    /// Why a model call is not sent: an earlier one failed beyond the episode. The
+    /// conversation's record is an error whatever happens next, so a harness that keeps
+    /// asking is answered at once instead of waiting out the retries again.
+    fn not_sent(&self) -> Option<String> {
+        let failure = self.provider_failure.as_ref()?;
+        Some(format!(
+            "not sent: an earlier model call failed: {}",
+            failure.message
+        ))
+    }
+
+    /// Model call number `turns` with `body`, through the provider: counted, and metered when
+    /// it is answered. A failure is the caller's to record (see `failed_call`).
+    fn call_model(&mut self, body: &Value) -> Result<Completion, ProviderError> {
+        let call = ModelCall {
+            label: self.ep.label,
+            script: self.ep.script,
+            index: self.counters.turns as usize,
+            body,
+            cancel: &self.calls_cancel,
+        };
+        self.counters.turns += 1;
+        let done = self.ep.provider.complete(&call)?;
+        self.counters.tokens.add_call(done.usage);
+        self.counters.provider_retries += done.retries;
+        Ok(done)
+    }
+
     /// Counts a failed model call and keeps a failure that reaches beyond the episode (see
     /// `after_answer`); returns the error as the agent is told it.
-    fn failed_call(&mut self, e: &crate::provider::ProviderError) -> String {
+    fn failed_call(&mut self, e: &ProviderError) -> String {
         self.counters.provider_retries += e.retries();
         let msg = error_chain(e);
         self.ep.observer.note(&format!("model call failed: {msg}"));

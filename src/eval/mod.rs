@@ -215,6 +215,12 @@ pub struct AgentHarness {
 }
 
 impl AgentHarness {
+    /// Sets the agent's variable `key` to `value`, in place of any it had.
+    pub fn set_env(&mut self, key: &str, value: String) {
+        self.envs.retain(|(k, _)| k != key);
+        self.envs.push((key.to_string(), value));
+    }
+
     pub fn launch(&self) -> crate::environment::AgentLaunch {
         crate::environment::AgentLaunch {
             name: self.name.clone(),

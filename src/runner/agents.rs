@@ -116,6 +116,16 @@ pub fn known() -> String {
 }
 
 impl AgentRecipe {
+    /// `<name>-<version>`: its install directory's name, and its lock's and archive's stem.
+    pub fn stem(&self) -> String {
+        format!("{}-{}", self.name, self.version)
+    }
+
+    /// Where sandboxes see its install.
+    pub fn sandbox_dir(&self) -> String {
+        format!("{SANDBOX_AGENTS_DIR}/{}", self.name)
+    }
+
     /// `<package>@<version>` (npm) or `<package>==<version>` (PyPI).
     pub fn spec(&self) -> String {
         match self.registry {
@@ -136,9 +146,25 @@ pub struct AgentInstall {
 }
 
 impl AgentInstall {
-    /// Where sandboxes see it.
-    pub fn sandbox_dir(&self) -> String {
-        format!("{SANDBOX_AGENTS_DIR}/{}", self.recipe.name)
+    /// `<stem>.<extension>` beside the install directory (its lock, its archive).
+    fn beside(&self, extension: &str) -> PathBuf {
+        self.dir
+            .with_file_name(format!("{}.{extension}", self.recipe.stem()))
+    }
+}
+
+/// Maps an I/O error of installing `recipe` (`what` of `path`) to the error that says so.
+fn io_error(
+    recipe: &AgentRecipe,
+    what: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> AgentInstallError {
+    let (spec, path) = (recipe.spec(), path.to_path_buf());
+    move |source| AgentInstallError::Io {
+        spec,
+        what,
+        path,
+        source,
     }
 }
 
@@ -173,48 +199,31 @@ pub enum AgentInstallError {
 /// The marker an install is complete behind: the digest it was installed with.
 pub(crate) const MARKER: &str = "wmo-e2b-installed";
 
-/// `<state_dir>/agents/<name>-<version>`.
-pub fn install_dir(state_dir: &Path, recipe: &AgentRecipe) -> PathBuf {
-    state_dir
-        .join("agents")
-        .join(format!("{}-{}", recipe.name, recipe.version))
-}
-
 /// Installs `recipe`'s package under `state_dir` unless it already is, once per host (also
 /// across concurrent processes), and returns it.
 pub fn ensure_installed(
     state_dir: &Path,
     recipe: &'static AgentRecipe,
 ) -> Result<AgentInstall, AgentInstallError> {
-    let io = |what, path: &Path| {
-        let spec = recipe.spec();
-        let path = path.to_path_buf();
-        move |source| AgentInstallError::Io {
-            spec,
-            what,
-            path,
-            source,
-        }
-    };
+    let io = |what, path: &Path| io_error(recipe, what, path);
     let parent = state_dir.join("agents");
     fs::create_dir_all(&parent).map_err(io("create", &parent))?;
     // npm records paths relative to where it really is: a prefix through a link confuses
     // its lock file, and a removal here does not follow links.
     let parent = fs::canonicalize(&parent).map_err(io("resolve", &parent))?;
-    let dir = parent.join(format!("{}-{}", recipe.name, recipe.version));
+    let dir = parent.join(recipe.stem());
     if let Some(found) = complete(&dir, recipe) {
         return Ok(found);
     }
-    let lock_path = parent.join(format!("{}-{}.lock", recipe.name, recipe.version));
+    let lock_path = parent.join(format!("{}.lock", recipe.stem()));
     let _lock = crate::sync::flock_within(&lock_path, libc::LOCK_EX, INSTALL_TIMEOUT)
         .map_err(io("lock", &lock_path))?;
     if let Some(found) = complete(&dir, recipe) {
         return Ok(found);
     }
     let tmp = parent.join(format!(
-        ".{}-{}.tmp.{}",
-        recipe.name,
-        recipe.version,
+        ".{}.tmp.{}",
+        recipe.stem(),
         crate::id::unique_hex(6)
     ));
     let installed = match recipe.registry {
@@ -353,31 +362,18 @@ fn run_step(
     dir: &Path,
     recipe: &AgentRecipe,
 ) -> Result<(), AgentInstallError> {
-    let spec = recipe.spec();
-    fs::create_dir_all(dir).map_err(|source| AgentInstallError::Io {
-        spec: spec.clone(),
-        what: "create",
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    fs::create_dir_all(dir).map_err(io_error(recipe, "create", dir))?;
     let done = match run_until(cmd, Instant::now() + INSTALL_TIMEOUT) {
         Ok(done) => done,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(AgentInstallError::NoInstaller {
                 name: recipe.name,
-                spec,
+                spec: recipe.spec(),
                 program: installer.program,
                 hint: installer.hint,
             })
         }
-        Err(source) => {
-            return Err(AgentInstallError::Io {
-                spec,
-                what: "run the installer in",
-                path: dir.to_path_buf(),
-                source,
-            })
-        }
+        Err(source) => return Err(io_error(recipe, "run the installer in", dir)(source)),
     };
     let how = match done.status {
         Some(s) if s.success() => return Ok(()),
@@ -385,7 +381,7 @@ fn run_step(
         None => format!("did not finish within {INSTALL_TIMEOUT:?}"),
     };
     Err(AgentInstallError::Install {
-        spec,
+        spec: recipe.spec(),
         step,
         how,
         stderr_tail: done.stderr_tail,
@@ -414,12 +410,12 @@ mod tests {
     #[test]
     fn an_install_is_found_by_its_marker_only() {
         let state = tempfile::tempdir().unwrap();
-        let dir = install_dir(state.path(), &CODEX);
+        let dir = state.path().join(CODEX.stem());
         fs::create_dir_all(&dir).unwrap();
         assert_eq!(complete(&dir, &RECIPES[1]), None);
         fs::write(dir.join(MARKER), "sha512-abc\n").unwrap();
         let found = complete(&dir, &RECIPES[1]).unwrap();
         assert_eq!(found.digest, "sha512-abc");
-        assert_eq!(found.sandbox_dir(), "/opt/wmo-e2b/agents/codex");
+        assert_eq!(found.recipe.sandbox_dir(), "/opt/wmo-e2b/agents/codex");
     }
 }

@@ -13,7 +13,7 @@ use super::{Broker, Step};
 use crate::environment::{AgentExit, Endpoint};
 use crate::episode::{EpisodeError, StopReason};
 use crate::provider::dialect::{self, Api, ErrorKind, Reply};
-use crate::provider::{ModelCall, ProviderError};
+use crate::provider::ProviderError;
 
 /// How often the broker looks at the agent's process while it runs.
 pub(super) const AGENT_POLL: Duration = Duration::from_millis(50);
@@ -127,47 +127,19 @@ impl Broker<'_, '_> {
                 return self.api_error(req_id, api, ErrorKind::InvalidRequest, &e.to_string())
             }
         };
-        let config = self.ep.config;
-        if self.counters.turns >= config.max_turns {
-            let note = format!(
-                "the agent asked for model call {} past max_turns {}",
-                self.counters.turns + 1,
-                config.max_turns
-            );
-            self.agent
-                .budget_stop
-                .get_or_insert((StopReason::MaxTurns, note.clone()));
+        if let Some((stop, note)) = self.spent("agent") {
+            self.agent.budget_stop.get_or_insert((stop, note.clone()));
             return self.api_error(req_id, api, ErrorKind::QuotaExhausted, &note);
         }
-        if let Some(note) = config.budget.reached(self.counters.tokens) {
-            self.agent
-                .budget_stop
-                .get_or_insert((StopReason::Budget, note.clone()));
-            return self.api_error(req_id, api, ErrorKind::QuotaExhausted, &note);
-        }
-        if let Some(failure) = &self.provider_failure {
-            let msg = format!(
-                "not sent: an earlier model call failed: {}",
-                failure.message
-            );
+        if let Some(msg) = self.not_sent() {
             return self.api_error(req_id, api, ErrorKind::ServerError, &msg);
         }
         let mut body = inbound.chat_body;
-        cap_output_tokens(&mut body, config.max_output_tokens);
+        cap_output_tokens(&mut body, self.ep.config.max_output_tokens);
         let index = self.counters.turns;
-        let call = ModelCall {
-            label: self.ep.label,
-            script: self.ep.script,
-            index: index as usize,
-            body: &body,
-            cancel: &self.calls_cancel,
-        };
-        self.counters.turns += 1;
-        match self.ep.provider.complete(&call) {
+        match self.call_model(&body) {
             Ok(done) => {
-                self.counters.tokens.add_call(done.usage);
-                self.counters.provider_retries += done.retries;
-                let seed = format!("{}-{index}", config.episode_id);
+                let seed = format!("{}-{index}", self.ep.config.episode_id);
                 let reply = dialect::from_completion(
                     api,
                     &done.body,
@@ -202,11 +174,7 @@ impl Broker<'_, '_> {
             }
             Err(e) => {
                 let msg = self.failed_call(&e);
-                let (status, body) = dialect::error_reply(api, error_kind(&e), &msg);
-                let api_reply = json!({"status": status, "body": body});
-                let fields = json!({"api_reply": api_reply, "error": msg});
-                let reply = self.reply("llm_response", req_id, fields);
-                self.send_api_reply(reply)
+                self.api_error(req_id, api, error_kind(&e), &msg)
             }
         }
     }

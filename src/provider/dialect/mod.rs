@@ -29,6 +29,7 @@ use serde_json::{json, Map, Value};
 
 use crate::provider::Usage;
 
+/// The API a request speaks; the runner names it by the path the request came on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
     OpenAiChat,
@@ -37,20 +38,6 @@ pub enum Api {
 }
 
 impl Api {
-    /// The API a request path names, query string ignored: "/v1/chat/completions" or
-    /// "/chat/completions", "/v1/responses" or "/responses", "/v1/messages" or "/messages".
-    /// Anything else: None.
-    pub fn from_path(path: &str) -> Option<Api> {
-        let path = path.split_once('?').map_or(path, |(p, _)| p);
-        let path = path.strip_prefix("/v1").unwrap_or(path);
-        match path {
-            "/chat/completions" => Some(Api::OpenAiChat),
-            "/responses" => Some(Api::OpenAiResponses),
-            "/messages" => Some(Api::AnthropicMessages),
-            _ => None,
-        }
-    }
-
     /// The frame name: "openai_chat", "openai_responses", "anthropic_messages".
     pub fn name(self) -> &'static str {
         match self {
@@ -138,7 +125,6 @@ pub enum ErrorKind {
     NotFound,
     RateLimited,
     QuotaExhausted,
-    Overloaded,
     ServerError,
     Timeout,
 }
@@ -155,7 +141,6 @@ pub fn error_reply(api: Api, kind: ErrorKind, message: &str) -> (u16, Value) {
                 ErrorKind::QuotaExhausted => {
                     (429, "insufficient_quota", Some("insufficient_quota"))
                 }
-                ErrorKind::Overloaded => (503, "server_error", None),
                 ErrorKind::ServerError => (500, "server_error", None),
                 // The host's model call ran out of time: a gateway timeout, which OpenAI's
                 // SDKs retry like any 5xx.
@@ -183,7 +168,6 @@ pub fn error_reply(api: Api, kind: ErrorKind, message: &str) -> (u16, Value) {
                         format!("{QUOTA_MESSAGE}: {message}")
                     },
                 ),
-                ErrorKind::Overloaded => (529, "overloaded_error", message.to_string()),
                 ErrorKind::ServerError => (500, "api_error", message.to_string()),
                 ErrorKind::Timeout => (504, "timeout_error", message.to_string()),
             };

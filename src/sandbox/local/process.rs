@@ -75,6 +75,8 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
         Role::System => &state.system,
         Role::Verify => "",
     };
+    // Where commands get networks of their own, a command lent another's joins that one.
+    let join_network = l.network_of.filter(|_| !state.internet());
     let mut c = match state.mode {
         Mode::Bwrap(bwrap) => {
             let holder = state.holder(Space::for_role(l.role))?;
@@ -127,7 +129,7 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
                 holder: &holder,
                 user_namespace: bwrap.in_user_namespace(state.ids),
                 drop_to: bwrap.drops_to(l.role),
-                own_network: !state.internet() && l.network_of.is_none(),
+                own_network: !state.internet() && join_network.is_none(),
                 cwd: &l.cwd,
                 env: &env,
                 argv: &argv,
@@ -137,7 +139,7 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
                 let ns = netns::open(&holder)
                     .map_err(|e| state.io_error("joining the sandbox's network", e))?;
                 c.join_netns(ns);
-            } else if let Some(pid) = l.network_of.filter(|_| !state.internet()) {
+            } else if let Some(pid) = join_network {
                 c.join_netns(network_of(state, pid)?);
             }
             c
@@ -156,7 +158,7 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
             c
         }
         Mode::None => {
-            let mut c = match state.internet() || l.network_of.is_some() {
+            let mut c = match state.internet() || join_network.is_some() {
                 true => {
                     let mut c = Spawn::new(sys::program("bash"));
                     c.args(["-c", l.cmd]);
@@ -184,7 +186,7 @@ fn command(state: &SandboxState, l: &Launch) -> Result<Spawn> {
             if std::env::var_os("PATH").is_none() {
                 c.env("PATH", DEFAULT_PATH);
             }
-            if let Some(pid) = l.network_of.filter(|_| !state.internet()) {
+            if let Some(pid) = join_network {
                 c.join_netns(network_of(state, pid)?);
             }
             c.current_dir(&l.cwd)
