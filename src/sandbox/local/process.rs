@@ -228,9 +228,11 @@ fn network_of(state: &SandboxState, pid: u32) -> Result<std::os::fd::OwnedFd> {
         .metadata()
         .map_err(|e| state.io_error(what.clone(), e))?;
     if (theirs.dev(), theirs.ino()) == (host.dev(), host.ino()) {
-        let why =
-            "that process has the host's network, which a command without network must not join";
-        return Err(state.io_error(what, io::Error::new(io::ErrorKind::PermissionDenied, why)));
+        // Not a transport failure: a fresh sandbox of the same run would be refused alike.
+        return Err(SandboxError::Unsupported(format!(
+            "{what}: that process has the host's network, which a command without network must \
+             not join (a task that narrows a --network host run: run it with --network none)"
+        )));
     }
     Ok(std::os::fd::OwnedFd::from(file))
 }
