@@ -9,6 +9,8 @@ close left out.
   mount, umount2, pivot_root, unshare, setns calls;
 - host CPU: each run in a cgroup v1 cpuacct group of its own (as root), whose usage counts
   every process in it and in the sandboxes' cgroups nested under it.
+- kernel tasks per idle sandbox: every thread on the machine while one `-j 1` task waits on
+  its model, less those before the run and the `wmo-e2b` process's own.
 Needs root, strace and cgroup v1's cpuacct (the CPU part is skipped without them).
 
     cargo build --release
@@ -21,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CALLS = {
@@ -76,6 +79,35 @@ def cpu_seconds(binary, tasks_file, out, jobs, env):
         os.rmdir(group)
 
 
+def machine_threads():
+    """Threads of every process on the machine, by pid."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                out[int(pid)] = len(os.listdir("/proc/%s/task" % pid))
+            except OSError:
+                pass
+    return out
+
+
+def idle_sandbox_tasks(binary, work, env):
+    """Kernel tasks one sandbox holds while its task waits on the model (4 s): the threads of
+    every process that was not there before the run, but the `wmo-e2b` process's own."""
+    path = tasks(work, 1)
+    line = json.loads(open(path).readline())
+    line["model_script"][0]["delay_ms"] = 4000
+    with open(path, "w") as f:
+        f.write(json.dumps(line) + "\n")
+    before = machine_threads()
+    run = subprocess.Popen(eval_args(binary, path, os.path.join(work, "idle"), 1), env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(2.5)
+    during = machine_threads()
+    run.wait()
+    return sum(n for pid, n in during.items() if pid not in before and pid != run.pid)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/release/wmo-e2b")
@@ -99,6 +131,7 @@ def main():
                           "cpu_s": [round(s, 3), round(l, 3)], "jobs": a.jobs}))
     else:
         print(json.dumps({"host_cpu_ms_per_task": None, "why": "needs root and cgroup v1 cpuacct"}))
+    print(json.dumps({"kernel_tasks_per_idle_sandbox": idle_sandbox_tasks(a.bin, work, env)}))
 
 
 if __name__ == "__main__":

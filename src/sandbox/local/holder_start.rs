@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use super::admission;
 use super::cgroup::Cgroup;
-use super::enter::{self, ImageMount, Request, HOST_ROOT_INSIDE, MAP_BLOCK_FD};
+use super::enter::{
+    self, ImageMount, Request, HOST_ROOT_INSIDE, MAP_BLOCK_FD, QUEUES_AT, QUEUES_DIR,
+};
 use super::id_range::PROBE_BASE;
 use super::image_root::Layer;
 use super::isolation::{Binds, Bwrap, IdRange};
@@ -124,7 +126,7 @@ fn check_mapped(bwrap: &Bwrap, exe: &Path) -> Result<(), String> {
     args.extend(["--".into(), "/bin/true".into()]);
     let mut cmd = Spawn::new(&args[0]);
     cmd.args(&args[1..]).env("PATH", &bwrap.path_env);
-    sys::probe_runs(cmd, "a test sandbox in a user namespace")
+    super::probe::runs(cmd, "a test sandbox in a user namespace").map_err(|f| f.why)
 }
 
 /// Starts the holder of `space` (inside `parent` for the task namespace) and records it.
@@ -178,7 +180,14 @@ pub(super) fn start(
         root: merged.as_deref(),
         ..*binds
     };
-    let line = bwrap.command_line(&binds, space.role(), &opts);
+    let mut line = bwrap.command_line(&binds, space.role(), &opts);
+    // A task namespace that a sweep may prove empty shows the sweep its message queues (see
+    // `enter::sweep`), in a directory only root may enter: its task processes are not root.
+    if parent.is_some() && bwrap.is_root() && image.is_none() {
+        line.push([
+            "--perms", "0700", "--dir", QUEUES_DIR, "--mqueue", QUEUES_AT,
+        ]);
+    }
     let mut args: Vec<OsString> = Vec::new();
     // `setsid --fork`: the holder is a session of its own, nobody's child here, and outlives
     // this process.

@@ -580,7 +580,7 @@ fn check(b: &Bwrap) -> Result<(), String> {
         args.extend(["--".into(), "/bin/true".into()]);
         let mut cmd = Spawn::new(&args[0]);
         cmd.args(&args[1..]).env("PATH", &b.path_env);
-        sys::probe_runs(cmd, "a test sandbox")
+        super::probe::runs(cmd, "a test sandbox").map_err(|f| f.why)
     })();
     let _ = std::fs::remove_dir_all(&scratch);
     result

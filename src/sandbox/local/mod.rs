@@ -35,6 +35,7 @@
 //!
 //! ```text
 //! spawn         starting a child without copying this process's descriptor table
+//! probe         short commands run to learn something, with a deadline
 //! sys           process syscalls, /proc reads, probes
 //! seccomp       the system call filter of every command started in a sandbox
 //! start_report  what a starting process reports on a pipe, read with bounds
@@ -85,6 +86,7 @@ mod ns;
 mod outlet;
 mod pause;
 mod ports;
+mod probe;
 mod proc_table;
 mod process;
 mod reset;

@@ -6,7 +6,8 @@
 //! a `sleep` and adopts whatever the sandbox orphans. Killing a namespace's PID 1 makes the
 //! kernel kill every process in it (and in namespaces nested in it), however they detached,
 //! and PID 1 is not gone until they all are: that is what makes "every process this task
-//! started is dead" provable. `reset` kills the task namespace and starts a new one.
+//! started is dead" provable. `reset` kills the task namespace and starts a new one, unless
+//! a sweep proves it as fresh as a new one (see `reset`).
 //!
 //! Each holder is recorded in `ns/<name>.json` before its namespace is used, so any wmo-e2b
 //! process can join or kill it; `holder_start` starts them.

@@ -4,9 +4,13 @@
 //! Processes: every [`Role::Task`] process lives in the sandbox's task PID namespace, so
 //! killing its PID 1 ends them all, `setsid`, `nohup` and double forks included, and PID 1 is
 //! not gone until they are. Only then are the directories touched, so nothing of the task can
-//! write behind the reset. A fresh task namespace is started for the next task, unless no task
-//! process ever entered this one (every entry marks it first: `ns::mark_entered`): a namespace
-//! nothing ran in is as fresh as a new one, and is kept.
+//! write behind the reset. The task namespace is kept for the next task when it is proven as
+//! fresh as a new one: no task process ever entered it (every entry marks it first:
+//! `ns::mark_entered`), or, as root on a sandbox with no image, a sweep from inside ended
+//! every task process and found nothing they left (see `enter::sweep`). Otherwise a fresh one
+//! takes its place. Keeping it is what lets a task cost no mount namespace, no `pivot_root`
+//! and no holder's processes; an image's namespace is never kept, since what the task wrote
+//! over the image is in its layer, which only a new namespace leaves behind.
 //!
 //! Only bwrap sandboxes can be proven clean: an unconfined process can leave its process group
 //! and the host's `/tmp` is shared, so `reset` refuses under `--isolation none` and the caller
@@ -15,6 +19,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::enter::{Request, SWEEP_LEFTOVERS};
 use super::meta::{self, ProcRecord, PROCS_DIR, ROOT_DIR, SEALED_DIR, TMP_DIR};
 use super::ns::{self, Holder, Space};
 use super::proc_table::KILL_WAIT;
@@ -23,7 +28,7 @@ use super::snapshot::{
     SnapshotError,
 };
 use super::state::{Mode, SandboxState};
-use super::teardown;
+use super::{probe, teardown};
 use crate::sandbox::{Result, Role, SandboxError};
 use crate::sync::lock;
 
@@ -85,11 +90,20 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
     let records = meta::read_proc_records(&state.dir.join(PROCS_DIR))
         .map_err(|e| unclean(format!("cannot read its process records: {e}")))?;
     let holder = ns::read(&state.dir, Space::Task).ok();
-    // A task namespace no task process entered holds nothing of the task (and with no task
-    // process recorded, no launcher outside it lives either): it is kept, and so is the
-    // spare made for the next reset.
-    let kept = holder.is_some_and(|h| h.is_alive() && !ns::was_entered(&state.dir, &h))
-        && records.iter().all(|r| r.role == Role::System);
+    let kept = match holder.filter(Holder::is_alive) {
+        // No task process entered it, so it holds nothing of the task's (and with no task
+        // process recorded, no launcher outside it lives either).
+        Some(h)
+            if !ns::was_entered(&state.dir, &h)
+                && records.iter().all(|r| r.role == Role::System) =>
+        {
+            true
+        }
+        Some(h) if state.reuses_task_namespace(bwrap) => {
+            matches!(sweep(&h), Ok(Swept::Empty)) && end_task_groups(state, &records).is_ok()
+        }
+        _ => false,
+    };
     if !kept {
         end_task_processes(state, holder, &records).map_err(unclean)?;
     }
@@ -142,6 +156,24 @@ pub(super) fn reset(state: &Arc<SandboxState>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a sweep of the task namespace found, every task process in it being gone.
+pub(super) enum Swept {
+    /// Nothing of the task's: the namespace is as fresh as a new one.
+    Empty,
+    /// Something the task made: an IPC object, a message queue, a `/dev/shm` file.
+    Leftovers,
+}
+
+/// Kills every task process of the task namespace from inside it, as root (see
+/// `enter::sweep`), and looks for what they left there. `Err`: they could not be proven gone.
+pub(super) fn sweep(holder: &Holder) -> std::result::Result<Swept, String> {
+    match probe::runs(Request::Sweep { holder }.command(&[]), "the sweep") {
+        Ok(()) => Ok(Swept::Empty),
+        Err(f) if f.code == Some(SWEEP_LEFTOVERS) => Ok(Swept::Leftovers),
+        Err(f) => Err(f.why),
+    }
 }
 
 /// Kills every task process and proves them gone: all of them by the task namespace's PID 1,

@@ -1,6 +1,7 @@
 //! Stopping the agent before its work is verified: every process the task started is ended
 //! and proven gone (as `reset` ends them: the task namespace's PID 1, then the recorded
-//! groups), a fresh task namespace takes its place, and the verifier's `HOME`, `TMPDIR` and
+//! groups), a fresh task namespace takes its place (as root, the namespace is swept instead
+//! and kept unless the agent left something in it), and the verifier's `HOME`, `TMPDIR` and
 //! `/tests` are made empty, so that nothing of the agent runs, or waits, where the verifier
 //! will.
 //!
@@ -18,11 +19,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::enter::Request;
 use super::meta::{self, PROCS_DIR, TESTS_DIR};
 use super::ns::{self, Space};
 use super::proc_table::KILL_WAIT;
-use super::reset::{end_task_groups, end_task_processes};
+use super::reset::{end_task_groups, end_task_processes, sweep, Swept};
 use super::snapshot::empty_dir;
 use super::state::{Mode, SandboxState};
 use super::sys;
@@ -49,12 +49,22 @@ pub(super) fn stop_agent(state: &Arc<SandboxState>, runner_too: bool) -> Result<
             state.prepare_spare(bwrap);
         }
         // As root the holder's own processes are root's and the task's are not, so the task
-        // namespace can be swept from inside and kept: the verifier needs no new one.
+        // namespace can be swept from inside and kept: the verifier needs no new one, unless
+        // the task left something in it. On an image the agent's work is in the namespace's
+        // layer, which the verifier must see: that namespace is kept whatever the sweep found.
         Mode::Bwrap(bwrap) if bwrap.is_root() => {
             let holder = state.holder(Space::Task)?;
-            sys::probe_runs(Request::Sweep { holder: &holder }.command(&[]), "the sweep")
+            let swept = sweep(&holder)
                 .map_err(|why| unclean(format!("sweeping its task namespace: {why}")))?;
-            end_task_groups(state, &records).map_err(unclean)?;
+            match swept {
+                Swept::Leftovers if state.image.is_none() => {
+                    end_task_processes(state, Some(holder), &records).map_err(unclean)?;
+                    state.replace_task_namespace(bwrap)?;
+                }
+                Swept::Empty | Swept::Leftovers => {
+                    end_task_groups(state, &records).map_err(unclean)?
+                }
+            }
         }
         Mode::Bwrap(bwrap) => {
             let holder = ns::read(&state.dir, Space::Task).ok();

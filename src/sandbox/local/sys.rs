@@ -2,12 +2,12 @@
 //! with errno kept as `io::Error` so callers classify failures by number, not text.
 
 use std::collections::HashSet;
-use std::io::{self, Read};
+use std::io;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::proc_table::DYING_WAIT;
-use super::spawn::{Io, Spawn};
+use super::spawn::Spawn;
 use crate::sandbox::SandboxError;
 use crate::sync::lock;
 
@@ -17,8 +17,6 @@ const GROUP_POLL: Duration = Duration::from_millis(5);
 const LAUNCHER_GRACE: Duration = Duration::from_millis(500);
 /// A launcher reaps its exited child within microseconds; poll for that finely.
 const REAP_POLL: Duration = Duration::from_millis(1);
-/// How long a probe of what this host can do may take.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What `/proc/<pid>/stat` says about one process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -504,65 +502,12 @@ fn probe_netlock() -> Result<&'static str, String> {
     if let Some(path) = std::env::var_os("PATH") {
         cmd.env("PATH", path);
     }
-    probe_runs(cmd, "it").map(|()| flag).map_err(|why| {
+    super::probe::runs(cmd, "it").map(|()| flag).map_err(|why| {
         format!(
             "the local backend cannot lock the network here: unshare {flag} failed ({why}); \
              run as root or enable unprivileged user namespaces"
         )
     })
-}
-
-/// Runs a short probe command (with no input and only its complaints read) for at most
-/// [`PROBE_TIMEOUT`]; `Err` says why it failed, in its own words when it gave any. `what`
-/// names the probe in the message of one that did not finish.
-pub(super) fn probe_runs(mut cmd: Spawn, what: &str) -> Result<(), String> {
-    cmd.stdin(Io::Null).stdout(Io::Null).stderr(Io::Piped);
-    match run_bounded(cmd, PROBE_TIMEOUT) {
-        Ok(Some((status, _))) if status.success() => Ok(()),
-        Ok(Some((status, stderr))) => Err(if stderr.trim().is_empty() {
-            status.to_string()
-        } else {
-            stderr.trim().to_string()
-        }),
-        Ok(None) => Err(format!(
-            "{what} did not finish within {} s",
-            PROBE_TIMEOUT.as_secs()
-        )),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Runs a short probe command with a deadline; `None` if it had to be killed.
-fn run_bounded(
-    cmd: Spawn,
-    timeout: Duration,
-) -> io::Result<Option<(std::process::ExitStatus, String)>> {
-    let mut child = cmd.spawn()?;
-    let pid = child.id();
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let stderr = child.stderr.take();
-    std::thread::Builder::new()
-        .name("lsb-probe".into())
-        .spawn(move || {
-            let mut text = String::new();
-            if let Some(s) = stderr {
-                // A probe's complaint fits in a few KiB; never buffer more.
-                let _ = s.take(16 * 1024).read_to_string(&mut text);
-            }
-            let _ = tx.send(child.wait().map(|status| (status, text)));
-        })?;
-    match rx.recv_timeout(timeout) {
-        Ok(r) => r.map(Some),
-        Err(_) => {
-            // The child is unreaped until the thread's wait returns, so `pid` is still it.
-            if let Ok(p) = libc::pid_t::try_from(pid) {
-                // SAFETY: kill(2) has no memory-safety preconditions.
-                unsafe { libc::kill(p, libc::SIGKILL) };
-            }
-            let _ = rx.recv_timeout(Duration::from_secs(1));
-            Ok(None)
-        }
-    }
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@
 //!   with a child that maps the user namespace bwrap makes (`userns`, `id_range`). Started
 //!   by path from the holder's watcher shell, which stays the host's.
 //! - **sweep**: kill every process of a holder's PID namespace that is not root's, from
-//!   inside it, and prove them gone (`sweep`).
+//!   inside it, prove them gone, and look for what they left in the namespace (`sweep`).
 //!
 //! A holder's pid is checked to still name that holder after its namespaces are opened,
 //! through the same `/proc` entry, so a recycled pid never puts a process in someone else's
@@ -41,4 +41,5 @@ mod sweep;
 mod userns;
 
 pub(super) use request::{mapped, ImageMount, Request};
+pub(super) use sweep::{QUEUES_AT, QUEUES_DIR, SWEEP_LEFTOVERS};
 pub(super) use userns::{HOST_ROOT_INSIDE, MAP_BLOCK_FD};

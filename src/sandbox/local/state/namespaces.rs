@@ -140,8 +140,19 @@ impl SandboxState {
         *lock(&self.holders) = [None, None, None];
     }
 
-    /// Starts making the next task namespace in the background.
+    /// Whether a reset keeps the task namespace once a sweep proves it empty (see `reset`):
+    /// as root, where the holder's processes are root's and the task's are not, on a sandbox
+    /// with no image.
+    pub fn reuses_task_namespace(&self, bwrap: &Bwrap) -> bool {
+        bwrap.is_root() && self.image.is_none()
+    }
+
+    /// Starts making the next task namespace in the background, where a reset is expected to
+    /// need one: where it keeps its namespace, the rare reset that cannot makes its own.
     pub fn prepare_spare(self: &Arc<Self>, bwrap: &'static Bwrap) {
+        if self.reuses_task_namespace(bwrap) {
+            return;
+        }
         let state = Arc::clone(self);
         let job = std::thread::Builder::new()
             .name("lsb-spare".into())
