@@ -103,6 +103,7 @@ impl SandboxAgent {
             stdin: false,
             // The endpoint is on the runner's loopback.
             network_of: runner_pid,
+            ends_after: None,
         };
         let process = sandbox.spawn(&launch.command, &opts)?;
         Ok(SandboxAgent {

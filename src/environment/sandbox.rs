@@ -11,13 +11,12 @@ use serde_json::{Map, Value};
 use super::agent::{AgentLaunch, AgentRun, Endpoint, SandboxAgent};
 use super::{EnvError, Environment, ToolOutput};
 use crate::cancel::CancelToken;
-use crate::sandbox::shell_quote;
-use crate::sandbox::{Captured, ErrorClass, ProcessEvent, Sandbox, SandboxError, SpawnOpts};
+use crate::sandbox::{
+    Captured, ErrorClass, ProcessEvent, Sandbox, SandboxError, SpawnOpts, TERM_GRACE,
+};
 
 /// Bytes of tool output an agent sees, as head + tail.
 pub const MAX_TOOL_OUTPUT: usize = 32 * 1024;
-/// After the polite TERM at the bash timeout, how long before KILL.
-pub const KILL_AFTER: Duration = Duration::from_secs(2);
 pub const DEFAULT_BASH_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub struct SandboxEnvironment {
@@ -63,34 +62,29 @@ impl SandboxEnvironment {
 
     fn bash(&self, command: &str, cancel: &CancelToken) -> Result<ToolOutput, EnvError> {
         let secs = self.bash_timeout.as_secs().max(1);
-        // coreutils `timeout` sends TERM first and KILL after a grace period; our own deadline
-        // below is the hard bound if even that does not end it. `exec` spares one process.
-        // The sandbox's shell: bash, or an image's `sh` where it has no bash.
-        let wrapped = format!(
-            "exec timeout -k {}s {secs}s \"${{SHELL:-bash}}\" -c {}",
-            KILL_AFTER.as_secs(),
-            shell_quote(command)
-        );
         let sandbox_err = |source| EnvError::Sandbox {
             tool: "bash".into(),
             source,
         };
         // Spawned rather than run so that cancellation (Ctrl-C) ends a long command now, not
-        // when it finishes.
+        // when it finishes. The sandbox ends it at the timeout (TERM, then KILL), in the
+        // sandbox's shell; our own deadline below is the hard bound if even that does not.
+        let started = Instant::now();
         let process = self
             .sandbox
             .spawn(
-                &wrapped,
+                command,
                 &SpawnOpts {
                     role: crate::sandbox::Role::Task,
                     cwd: Some(self.workspace.clone()),
                     envs: Vec::new(),
                     stdin: false,
                     network_of: None,
+                    ends_after: Some(self.bash_timeout),
                 },
             )
             .map_err(sandbox_err)?;
-        let deadline = Instant::now() + self.bash_timeout + KILL_AFTER + Duration::from_secs(3);
+        let deadline = started + self.bash_timeout + TERM_GRACE + Duration::from_secs(3);
         let (mut stdout, mut stderr) = (Captured::default(), Captured::default());
         let mut exit = None;
         let mut timed_out = false;
@@ -126,7 +120,8 @@ impl SandboxEnvironment {
             }
         }
         let mut content = Captured::merged(&[&stdout, &stderr], MAX_TOOL_OUTPUT).to_text();
-        let timed_out = timed_out || matches!(exit, Some(124) | Some(137));
+        // An end that came at the timeout or after it was the timeout's doing.
+        let timed_out = timed_out || started.elapsed() >= self.bash_timeout;
         match exit {
             _ if timed_out => content.push_str(&format!("\n[timed out after {secs}s]")),
             Some(0) => {}

@@ -269,6 +269,7 @@ fn start_live_runner(project: &Project, opts: &TurnOptions) -> Result<DurableCha
                 envs: vec![("WMO_LIVE_OUTBOX".into(), outbox.clone())],
                 stdin: true,
                 network_of: None,
+                ends_after: None,
             },
         )
         .map_err(sandbox_err("start the live runner"))?;

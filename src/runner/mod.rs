@@ -206,6 +206,7 @@ pub fn bootstrap(sandbox: &Arc<dyn Sandbox>, opts: &BootstrapOpts) -> Result<Sta
         envs,
         stdin: true,
         network_of: None,
+        ends_after: None,
     };
     let mut channel = StdioChannel::spawn(sandbox.clone(), &command, &spawn, opts.renewal.clone())
         .map_err(|source| RunnerError::Start {

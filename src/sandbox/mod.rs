@@ -191,7 +191,14 @@ pub struct SpawnOpts {
     /// the network of that process of the same sandbox instead (an agent reaching the
     /// runner's endpoint on loopback). Elsewhere they share one network already.
     pub network_of: Option<u32>,
+    /// Ends the process once this long has passed, as coreutils `timeout -k` would: SIGTERM
+    /// to its process group, then SIGKILL [`TERM_GRACE`] later.
+    pub ends_after: Option<Duration>,
 }
+
+/// How long a process ended at its deadline (see [`SpawnOpts::ends_after`]) has between
+/// SIGTERM and SIGKILL.
+pub const TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// What a background process reports, in order, on its event channel.
 #[derive(Debug)]

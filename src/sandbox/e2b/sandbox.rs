@@ -318,6 +318,14 @@ impl Sandbox for E2bSandbox {
     }
 
     fn spawn_into(&self, cmd: &str, opts: &SpawnOpts, sink: Box<dyn OutputSink>) -> Result<u32> {
+        let ended;
+        let cmd = match opts.ends_after {
+            Some(after) => {
+                ended = under_timeout(cmd, after);
+                ended.as_str()
+            }
+            None => cmd,
+        };
         let request = self.start_request(cmd, opts.cwd.as_deref(), &opts.envs, opts.stdin);
         // No lifetime: envd would kill a long-lived runner when it passed.
         let (pid, stream) = self.open(
@@ -468,6 +476,18 @@ fn check_path(path: &str) -> Result<()> {
         return Err(bad("the path contains a NUL byte"));
     }
     Ok(())
+}
+
+/// `cmd` under coreutils `timeout`, which ends it as [`SpawnOpts::ends_after`] says from
+/// inside the sandbox: envd signals only the process it started, never its group. `exec`
+/// spares one process; the sandbox's shell is bash, or an image's `sh` where it has none.
+fn under_timeout(cmd: &str, after: std::time::Duration) -> String {
+    format!(
+        "exec timeout -k {}s {}s \"${{SHELL:-bash}}\" -c {}",
+        crate::sandbox::TERM_GRACE.as_secs(),
+        after.as_secs().max(1),
+        crate::sandbox::shell_quote(cmd)
+    )
 }
 
 #[cfg(test)]

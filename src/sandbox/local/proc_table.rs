@@ -86,6 +86,19 @@ impl ProcEntry {
         sys::kill_recorded_group(self.pid, self.start_time)
     }
 
+    /// Sends `signal` to the process's group while its leader is unreaped; SIGKILL as
+    /// [`ProcEntry::kill_group`] does. `Ok(false)` when nothing was left to signal.
+    pub fn signal_group(&self, signal: libc::c_int) -> io::Result<bool> {
+        if signal == libc::SIGKILL {
+            return self.kill_group();
+        }
+        let reaped = lock(&self.reaped);
+        if *reaped {
+            return Ok(false);
+        }
+        sys::signal_group(self.pid, signal)
+    }
+
     /// Whether the leader was reaped within `within`.
     pub fn wait_reaped(&self, within: Duration) -> bool {
         matches!(

@@ -29,6 +29,7 @@ use super::sys;
 use super::watch::{Watch, STDOUT};
 use crate::sandbox::{
     Captured, ImageRoot, Output, OutputSink, ProcessEvent, Result, Role, RunOpts, SandboxError,
+    TERM_GRACE,
 };
 use crate::sync::lock;
 
@@ -505,11 +506,13 @@ pub(super) fn run(state: &Arc<SandboxState>, l: &Launch, opts: &RunOpts) -> Resu
 }
 
 /// Starts a background process whose output goes to `sink`, delivered by one thread that
-/// reads both pipes and reaps the process; returns its pid.
+/// reads both pipes and reaps the process, and ends it `ends_after` (see
+/// [`crate::sandbox::SpawnOpts::ends_after`]); returns its pid.
 pub(super) fn spawn(
     state: &Arc<SandboxState>,
     l: &Launch,
     sink: Box<dyn OutputSink>,
+    ends_after: Option<Duration>,
 ) -> Result<u32> {
     let mut started = start(state, l, Some(Outlet::new(sink)))?;
     let pid = started.entry.pid;
@@ -517,23 +520,37 @@ pub(super) fn spawn(
     let watch = Watch::new(&mut started.child);
     let proc = Reaping::new(started);
     let follow_state = Arc::clone(state);
+    let ends = ends_after.map(|after| Instant::now() + after);
     if let Err(e) = spawn_thread(format!("lsb-proc-{pid}"), move || {
-        follow(&follow_state, watch, proc)
+        follow(&follow_state, watch, proc, ends)
     }) {
         return Err(fail_started(state, &entry, e));
     }
     Ok(pid)
 }
 
-/// The life of a background process on its one thread: output delivered as it comes, the
-/// leader reaped at its exit (background children of a background process live on, until
-/// the sandbox dies), the pipes drained while output keeps moving, then the last event.
-fn follow(state: &SandboxState, mut watch: Watch, mut proc: Reaping) {
+/// The life of a background process on its one thread: output delivered as it comes, its
+/// group sent SIGTERM at `ends` and SIGKILL a grace later, the leader reaped at its exit
+/// (background children of a background process live on, until the sandbox dies), the
+/// pipes drained while output keeps moving, then the last event.
+fn follow(state: &SandboxState, mut watch: Watch, mut proc: Reaping, ends: Option<Instant>) {
     let pid = proc.entry.pid;
     let entry = Arc::clone(&proc.entry);
     let mut failed = None;
+    // SIGTERM at the deadline, SIGKILL a grace later: the signals still to send, last first.
+    let mut signals: Vec<(Instant, libc::c_int)> = ends.map_or_else(Vec::new, |at| {
+        vec![(at + TERM_GRACE, libc::SIGKILL), (at, libc::SIGTERM)]
+    });
     while !watch.exited() {
-        let stepped = watch.step(Duration::from_secs(3600), &mut |stream, data| {
+        let now = Instant::now();
+        while let Some(&(_, signal)) = signals.last().filter(|(at, _)| *at <= now) {
+            signals.pop();
+            let _ = entry.signal_group(signal);
+        }
+        let within = signals.last().map_or(Duration::from_secs(3600), |(at, _)| {
+            at.saturating_duration_since(now)
+        });
+        let stepped = watch.step(within, &mut |stream, data| {
             deliver(&entry, &mut proc, stream, data)
         });
         if let Err(e) = stepped {

@@ -146,7 +146,7 @@ impl Sandbox for LocalSandbox {
         let mut launch =
             self.launch(cmd, opts.cwd.as_deref(), opts.role, &opts.envs, opts.stdin)?;
         launch.network_of = opts.network_of;
-        process::spawn(&self.state, &launch, sink)
+        process::spawn(&self.state, &launch, sink, opts.ends_after)
     }
 
     fn connect(&self, pid: u32) -> Result<Process> {

@@ -82,17 +82,16 @@ fn as_pgid(pid: u32) -> Option<libc::pid_t> {
 
 /// SIGKILLs the process group `pgid`. `Ok(false)` when no such group exists.
 pub(super) fn kill_group(pgid: u32) -> io::Result<bool> {
-    match as_pgid(pgid) {
-        Some(g) => sigkill(-g),
-        None => Ok(false),
-    }
+    signal_group(pgid, libc::SIGKILL)
 }
 
-/// SIGKILLs `target`: a process, or (negative) a process group. `Ok(false)` when there is no
-/// such process or group.
-fn sigkill(target: libc::pid_t) -> io::Result<bool> {
-    // SAFETY: kill(2) has no memory-safety preconditions; a negative pid addresses a group.
-    delivered(unsafe { libc::kill(target, libc::SIGKILL) }.into())
+/// Sends `signal` to a process group. `Ok(false)` when there is no such group.
+pub(super) fn signal_group(pgid: u32, signal: libc::c_int) -> io::Result<bool> {
+    match as_pgid(pgid) {
+        // SAFETY: kill(2) has no memory-safety preconditions; a negative pid is a group.
+        Some(g) => delivered(unsafe { libc::kill(-g, signal) }.into()),
+        None => Ok(false),
+    }
 }
 
 /// What a signalling call's return says: sent, no such process (`false`), or an error.
@@ -285,7 +284,10 @@ pub(super) fn kill_recorded(pid: u32, start_time: u64) -> io::Result<bool> {
         return Ok(false);
     };
     match proc_stat(pid) {
-        Some(stat) if stat.start_time == start_time && stat.is_running() => sigkill(p),
+        Some(stat) if stat.start_time == start_time && stat.is_running() => {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            delivered(unsafe { libc::kill(p, libc::SIGKILL) }.into())
+        }
         _ => Ok(false),
     }
 }

@@ -86,6 +86,7 @@ pub(super) fn start(
             envs: all_envs,
             stdin,
             network_of: None,
+            ends_after: None,
         },
     );
     let process = spawned.map_err(|e| match e {

@@ -461,8 +461,11 @@ unsafe fn loopback_up() -> io::Result<()> {
     result
 }
 
-/// The launcher: holds nothing of the command's, waits for it and ends as it ended.
+/// The launcher: holds nothing of the command's, waits for it and ends as it ended. A
+/// SIGTERM to its group (a deadline: see `SpawnOpts::ends_after`) is the command's to
+/// answer, so the launcher ignores it and still reports how the command ended.
 pub(super) unsafe fn launcher(command: libc::pid_t) -> ! {
+    libc::signal(libc::SIGTERM, libc::SIG_IGN);
     close_from(0);
     let mut status = 0;
     let signal = loop {
