@@ -434,3 +434,48 @@ fn an_escaped_process_keeps_writing_after_its_command_returns() {
         "the escaped process died writing to its inherited pipe"
     );
 }
+
+/// `empty_dir` makes a directory empty from the host, whatever a task left at its path: a
+/// symlink out (removed, never followed) or a tree its owner may not read; the new directory
+/// is the sandbox user's. The home itself and paths outside it are refused.
+#[test]
+fn empty_dir_replaces_whatever_a_task_left_without_following_it() {
+    let (_state, b) = backend();
+    let sb = create(&b);
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("kept"), "host").unwrap();
+    let home = sb.home().to_string();
+    let ws = format!("{home}/workspace");
+    let planted = sh(
+        &*sb,
+        &format!(
+            "ln -s {} workspace && mkdir -p deep/a/b && touch deep/a/b/f && chmod 000 deep/a",
+            outside.path().display()
+        ),
+    );
+    assert_eq!(planted.exit_code, Some(0), "{}", planted.stderr.to_text());
+    assert!(
+        sb.empty_dir(&ws).unwrap(),
+        "the local backend makes it itself"
+    );
+    assert!(sb.empty_dir(&format!("{home}/deep")).unwrap());
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("kept")).unwrap(),
+        "host"
+    );
+    let seen = sh(
+        &*sb,
+        "stat -c '%U %a %F' workspace deep && ls -A workspace deep && touch workspace/mine",
+    );
+    assert_eq!(seen.exit_code, Some(0), "{}", seen.stderr.to_text());
+    assert_eq!(
+        seen.stdout.to_text(),
+        "user 775 directory\nuser 775 directory\ndeep:\n\nworkspace:\n"
+    );
+    assert!(matches!(
+        sb.empty_dir(&home),
+        Err(SandboxError::BadPath { .. })
+    ));
+    assert!(sb.empty_dir("/etc/wmo-e2b-never").is_err());
+    assert!(!Path::new("/etc/wmo-e2b-never").exists());
+}

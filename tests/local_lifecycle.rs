@@ -598,3 +598,34 @@ fn a_killed_command_leaves_the_sandbox_resettable_where_nobody_reaps_orphans() {
     sb.reset().unwrap();
     assert_eq!(sh(&*sb, "echo ok").stdout.to_text(), "ok\n");
 }
+
+/// A sandbox's process records live on a tmpfs (each command's record is no inode of the
+/// disk) and go with the sandbox; a boot that emptied the tmpfs leaves the sandbox working:
+/// no record reads as none, and the next command's record makes their directory anew.
+#[test]
+fn process_records_live_on_a_tmpfs_and_go_with_their_sandbox() {
+    let (state, b) = backend();
+    let sb = create(&b);
+    let procs = state.path().join("sandboxes").join(sb.id()).join("procs");
+    let Ok(records) = std::fs::read_link(&procs) else {
+        eprintln!("skipped: no tmpfs for process records here");
+        return;
+    };
+    assert!(records.starts_with("/dev/shm"), "{records:?}");
+    let sleeper = sb.spawn("sleep 30", &SpawnOpts::default()).unwrap();
+    assert!(records.join(sleeper.pid.to_string()).is_file());
+    assert!(sb.processes().unwrap().iter().any(|p| p.pid == sleeper.pid));
+    sb.kill_process(sleeper.pid).unwrap();
+
+    // What a boot leaves: the link, pointing nowhere.
+    std::fs::remove_dir_all(&records).unwrap();
+    assert!(sb.processes().unwrap().is_empty());
+    assert_eq!(sh(&*sb, "echo ok").stdout.to_text(), "ok\n");
+    assert!(
+        records.is_dir(),
+        "the next record did not make its directory"
+    );
+
+    assert_eq!(b.kill(sb.id()).unwrap(), Killed::Now);
+    assert!(!records.exists(), "the records outlived their sandbox");
+}

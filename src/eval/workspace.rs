@@ -62,6 +62,11 @@ pub(super) fn prepare_workspace(
         .setup
         .as_deref()
         .map(|s| format!("cd {rel} && {{\n{s}\n}}"));
+    // Made by the host where the backend can (no process started), else by `fresh`.
+    let made = in_home
+        && sandbox
+            .empty_dir(ws)
+            .map_err(|e| failed(&e, "creating the workspace"))?;
     let opts = RunOpts {
         // The commands name the workspace relative to home.
         cwd: Some(sandbox.home().to_string()),
@@ -70,20 +75,27 @@ pub(super) fn prepare_workspace(
         ..RunOpts::default()
     };
     let setup_out = if paths.is_empty() {
-        let all = match &setup {
-            Some(s) => format!("{fresh} && {s}"),
-            None => fresh,
+        let all = match (&setup, made) {
+            (Some(s), true) => s.clone(),
+            (None, true) => return Ok(()),
+            (Some(s), false) => format!("{fresh} && {s}"),
+            (None, false) => fresh,
         };
         sandbox.run(&all, &opts)
     } else {
-        match sandbox.run(&fresh, &opts) {
-            Ok(out) if out.exit_code == Some(0) => {}
-            Ok(out) => {
+        let fresh_out = match made {
+            true => None,
+            false => Some(sandbox.run(&fresh, &opts)),
+        };
+        match fresh_out {
+            None => {}
+            Some(Ok(out)) if out.exit_code == Some(0) => {}
+            Some(Ok(out)) => {
                 let detail = format!("cannot create the workspace: {}", out.stderr.to_text());
                 let detail = without_home(detail, sandbox.home());
                 return Err((setup_error(task, progress, attempt, detail), false));
             }
-            Err(e) => return Err(failed(&e, "creating the workspace")),
+            Some(Err(e)) => return Err(failed(&e, "creating the workspace")),
         }
         for (path, content) in &paths {
             if let Err(e) = sandbox.write_file(path, content.as_bytes()) {

@@ -332,6 +332,9 @@ impl Sandbox for LeasedSandbox {
     fn write_file(&self, path: &str, data: &[u8]) -> Result<()> {
         self.inner.write_file(path, data)
     }
+    fn empty_dir(&self, path: &str) -> Result<bool> {
+        self.inner.empty_dir(path)
+    }
     fn set_timeout(&self, secs: u64) -> Result<()> {
         // The lease first: a recorded deadline earlier than the real one could let reap kill
         // a sandbox that is still in use.

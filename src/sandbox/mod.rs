@@ -263,6 +263,13 @@ pub trait Sandbox: Send + Sync {
     fn kill_process(&self, pid: u32) -> Result<()>;
     fn read_file(&self, path: &str) -> Result<Vec<u8>>;
     fn write_file(&self, path: &str, data: &[u8]) -> Result<()>;
+    /// Makes `path` an empty directory of the sandbox user's, its parents too, removing
+    /// whatever was there (never following a symlink), without starting a process: `Ok(true)`
+    /// where the backend can (the local one, beneath the home); `Ok(false)` where it cannot,
+    /// and the caller runs a command instead.
+    fn empty_dir(&self, _path: &str) -> Result<bool> {
+        Ok(false)
+    }
     /// Moves the deadline to `secs` from now.
     fn set_timeout(&self, secs: u64) -> Result<()>;
     fn set_internet(&self, allowed: bool) -> Result<()>;

@@ -19,8 +19,8 @@ use super::id_range;
 use super::image_root;
 use super::isolation::{self, Isolation, IsolationChoice};
 use super::meta::{
-    self, Meta, MetaError, LOGS_DIR, PROCS_DIR, ROOT_DIR, STAGING_PREFIX, SYSTEM_DIR, TESTS_DIR,
-    TMP_DIR, TOMB_PREFIX, VERIFIER_DIR,
+    self, Meta, MetaError, LOGS_DIR, ROOT_DIR, STAGING_PREFIX, SYSTEM_DIR, TESTS_DIR, TMP_DIR,
+    TOMB_PREFIX, VERIFIER_DIR,
 };
 use super::netns;
 use super::ns::{Space, NS_DIR};
@@ -263,9 +263,8 @@ impl LocalBackend {
         };
         let owner = state.file_owner();
         let built = (|| {
-            for dir in [PROCS_DIR, NS_DIR] {
-                meta::private_dir(&staging.join(dir))?;
-            }
+            super::procs_dir::make(&staging)?;
+            meta::private_dir(&staging.join(NS_DIR))?;
             // The sandbox user's own directories, with the modes E2B gives them.
             // `/tests` too, read-only to tasks (see `stop`).
             for (dir, mode) in [

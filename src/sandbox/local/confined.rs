@@ -15,6 +15,7 @@ use std::fs::{File, Metadata};
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -119,6 +120,20 @@ impl Beneath {
         let (parent, name) = self.parent_dir(rel, true)?;
         let (_, created) = self.child_dir(&parent, name, true)?;
         Ok(created)
+    }
+
+    /// Gives the directory `rel` (never a symlink's target) the permission bits `mode`.
+    pub fn set_dir_mode(&self, rel: &str, mode: u32) -> io::Result<()> {
+        let fd = self.resolve(
+            rel,
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            true,
+        )?;
+        // An O_PATH descriptor is changed through its magic link, which names the directory.
+        std::fs::set_permissions(
+            fd_path(fd.as_raw_fd()),
+            std::fs::Permissions::from_mode(mode),
+        )
     }
 
     /// `lstat`: what the path itself is (a symlink is reported as one).

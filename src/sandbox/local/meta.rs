@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::isolation::{IdRange, Isolation};
-use super::sys;
+use super::{procs_dir, sys};
 use crate::sandbox::{ImageRoot, Metadata, OnTimeout, PauseKind, Role};
 
 /// A sandbox being killed: `.dead-<id>-<rand>` (see `teardown`).
@@ -223,11 +223,15 @@ pub(super) fn write_proc_record(sandbox_dir: &Path, rec: &ProcRecord) -> io::Res
         Role::Verify => "verify",
     };
     let text = format!("{} {role}\n{}", rec.start_time, rec.cmd);
-    write_atomic(
-        &sandbox_dir.join(PROCS_DIR),
-        &rec.pid.to_string(),
-        text.as_bytes(),
-    )
+    let procs = sandbox_dir.join(PROCS_DIR);
+    let write = || write_atomic(&procs, &rec.pid.to_string(), text.as_bytes());
+    match write() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound && procs_dir::lost_at_boot(&procs) => {
+            procs_dir::make_again(&procs)?;
+            write()
+        }
+        written => written,
+    }
 }
 
 pub(super) fn remove_proc_record(sandbox_dir: &Path, pid: u32) {
@@ -237,9 +241,15 @@ pub(super) fn remove_proc_record(sandbox_dir: &Path, pid: u32) {
 
 /// Every parseable record in a `procs` directory; unreadable ones are skipped because a
 /// record that cannot be checked must never be signalled.
-pub(super) fn read_proc_records(procs_dir: &Path) -> io::Result<Vec<ProcRecord>> {
+pub(super) fn read_proc_records(procs: &Path) -> io::Result<Vec<ProcRecord>> {
     let mut out = Vec::new();
-    for entry in fs::read_dir(procs_dir)? {
+    let entries = match fs::read_dir(procs) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound && procs_dir::lost_at_boot(procs) => {
+            return Ok(out)
+        }
+        read => read?,
+    };
+    for entry in entries {
         let entry = entry?;
         let Some(pid) = entry
             .file_name()

@@ -13,6 +13,8 @@
 //! <id>/meta.json     id, created, deadline, metadata, template, internet, owner_pid, envs,
 //!                    isolation, timeout, pause_at_deadline, paused (see `pause`)
 //! <id>/procs/<pid>   one per started process: its start time and role, then its command
+//!                    (`procs` links to a directory of a tmpfs: see `procs_dir`)
+//!                    (`procs` links to a tmpfs directory: see `procs_dir`)
 //! <id>/ns/           the holders of its PID namespaces (bwrap; see `ns`)
 //! <id>/root/         the sandbox's home()
 //! <id>/tmp/          its /tmp (bwrap)
@@ -43,6 +45,7 @@
 //! boot_id       a sandbox's boot id, new at each boot
 //! isolation     bwrap: found, probed, its command lines
 //! cgroup        a sandbox's control groups: made, limited, counted, removed
+//! procs_dir     where the process records live: a tmpfs where one can be had
 //! meta          on-disk records: meta.json, procs/<pid>, ids
 //! id_range      the host ids of a sandbox's user namespace (as root)
 //! ns            namespace holders: their records, and killing them
@@ -89,6 +92,7 @@ mod ports;
 mod probe;
 mod proc_table;
 mod process;
+mod procs_dir;
 mod reset;
 mod sandbox;
 mod seccomp;

@@ -280,6 +280,27 @@ impl Sandbox for LocalSandbox {
             .map_err(|e| self.state.file_error(path, "write", e))
     }
 
+    fn empty_dir(&self, path: &str) -> Result<bool> {
+        self.state.ensure_live()?;
+        if self.in_image(path) {
+            return Ok(false);
+        }
+        let (b, rel) = self.state.beneath(path)?;
+        if rel.is_empty() {
+            return Err(SandboxError::BadPath {
+                path: path.to_string(),
+                reason: "the path names a directory of the sandbox's own",
+            });
+        }
+        // Group-writable, as a task's `mkdir` (umask 002) makes it: the verifier, of the
+        // sandbox user's group, writes where the agent worked.
+        b.remove(&rel)
+            .and_then(|()| b.make_dirs(&rel))
+            .and_then(|_| b.set_dir_mode(&rel, 0o775))
+            .map_err(|e| self.state.file_error(path, "make", e))?;
+        Ok(true)
+    }
+
     fn set_timeout(&self, secs: u64) -> Result<()> {
         self.state.ensure_live()?;
         self.state.set_timeout(secs)

@@ -272,6 +272,19 @@ pub(super) fn random_hex(bytes: usize) -> io::Result<String> {
     })
 }
 
+/// Whether `path` is on a tmpfs.
+pub(super) fn is_tmpfs(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs reads a NUL-terminated path and writes only the struct we own.
+    unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut fs) == 0 && fs.f_type == libc::TMPFS_MAGIC
+    }
+}
+
 /// Hands `path` (not following a symlink there) to the sandbox user.
 pub(super) fn chown(path: &std::path::Path, uid: u32) -> io::Result<()> {
     std::os::unix::fs::lchown(path, Some(uid), Some(uid))

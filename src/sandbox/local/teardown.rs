@@ -51,7 +51,11 @@ pub(super) fn finish_burial(tomb: &Path, id: &str, table: Option<&ProcTable>) ->
     }
     // Best effort: nothing runs any more, and a leftover tombstone is removed by the next sweep.
     // The task wrote the tree, so it may be of any depth: `deep_remove` never recurses.
+    let records = super::procs_dir::target(&tomb.join(PROCS_DIR));
     let _ = crate::deep_remove::remove_tree(tomb);
+    if let Some(records) = records {
+        let _ = fs::remove_dir_all(records);
+    }
     Ok(())
 }
 
