@@ -120,11 +120,12 @@ const CLEAR_VERIFIER: &str = r#"mkdir -p /tests && find /tests -mindepth 1 -maxd
 "#;
 
 /// `stop`: run as root before a verify; its arguments are the pids of the runner processes to
-/// keep (none: the runner is ended too). The kill loop of `reset`, then the verifier's
-/// directories made empty.
+/// keep (none: the runner is ended too). The kill loop of `reset`, then what the agent left
+/// in `/dev/shm`, the message queues and SysV IPC emptied (the verifier, root, would see it),
+/// then the verifier's directories made empty.
 pub(super) fn stop_script() -> String {
     format!(
-        "{}{CLEAR_VERIFIER}",
+        "{}{SHARED_MEMORY}{CLEAR_VERIFIER}",
         reset_script()
             .split(KILL_LOOP_END)
             .next()
@@ -258,6 +259,20 @@ exit 0
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Once the agent's processes are gone, the stop empties what they could leave for the
+    /// verifier in the kernel's shared memory, and only then readies the verifier.
+    #[test]
+    fn the_stop_empties_shared_memory_between_the_kill_and_the_verifier() {
+        let stop = stop_script();
+        let at = |part: &str| stop.find(part);
+        let (kill, shm, verifier) = (at("kill -KILL"), at("ipcrm --all"), at("find /tests"));
+        assert!(
+            kill.is_some() && shm.is_some() && verifier.is_some(),
+            "{stop}"
+        );
+        assert!(kill < shm && shm < verifier, "{stop}");
+    }
 
     /// The scripts are bash; a syntax error would only show on a real sandbox.
     #[test]
