@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use wmo_e2b::sandbox::local::LocalBackend;
 use wmo_e2b::sandbox::{
-    Backend, CreateSpec, ErrorClass, Killed, Metadata, Role, RunOpts, Sandbox, SandboxError,
-    SpawnOpts,
+    Backend, CreateSpec, ErrorClass, Killed, Metadata, Network, Role, RunOpts, Sandbox,
+    SandboxError, SpawnOpts,
 };
 
 mod support;
@@ -543,8 +543,8 @@ fn a_command_holds_no_privilege_and_no_fd_of_ours() {
 }
 
 /// A process whose low fds are taken still starts sandboxes: the namespace fds a nested
-/// holder's bwrap is handed by number land where its launcher's own fds (its stdio, the
-/// watcher's fd 9) cannot overwrite them.
+/// holder's bwrap is handed by number land where its launcher's own fds (its stdio) cannot
+/// overwrite them.
 #[test]
 fn sandboxes_start_whatever_fds_this_process_holds() {
     // Take every free fd below 8, so the next ones opened are 8, 9, 10...
@@ -628,4 +628,51 @@ fn process_records_live_on_a_tmpfs_and_go_with_their_sandbox() {
 
     assert_eq!(b.kill(sb.id()).unwrap(), Killed::Now);
     assert!(!records.exists(), "the records outlived their sandbox");
+}
+
+/// Nothing of a sandbox outlives its `meta.json` for long, even with no wmo-e2b process left
+/// to kill it: the watcher leading each holder's session (and slirp4netns's) kills it.
+#[test]
+fn a_sandbox_whose_directory_vanishes_is_ended_by_its_watchers() {
+    let (state, b) = backend();
+    // A network of its own where the host allows one: slirp4netns has a watcher too.
+    let own = wmo_e2b::sandbox::local::network_unavailable(Default::default()).is_none();
+    let network = match own {
+        true => Network::Internet,
+        false => Network::default(),
+    };
+    let sb = b.create(&CreateSpec { network, ..spec() }).unwrap();
+    let dir = state.path().join("sandboxes").join(sb.id());
+    let init = |name: &str| -> Option<u32> {
+        let text = std::fs::read(dir.join("ns").join(name)).ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+        u32::try_from(v["init"].as_u64()?).ok()
+    };
+    let system = SpawnOpts {
+        role: Role::System,
+        ..SpawnOpts::default()
+    };
+    let runner = sb.spawn("sleep 300", &system).unwrap();
+    let task = sb.spawn("sleep 301", &SpawnOpts::default()).unwrap();
+    let mut pids = vec![runner.pid, task.pid];
+    pids.extend(init("sandbox.json"));
+    pids.extend(init("task.json"));
+    // slirp4netns and its watcher, where the sandbox has a network of its own.
+    pids.extend(running("slirp4netns").into_iter().filter(|&p| {
+        std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+            c.split('\0')
+                .any(|a| init("sandbox.json") == a.parse().ok())
+        })
+    }));
+    assert_eq!(pids.len(), if own { 6 } else { 4 }, "{pids:?}");
+    assert!(pids.iter().all(|&p| pid_alive(p)));
+
+    std::fs::remove_file(dir.join("meta.json")).unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || pids
+            .iter()
+            .all(|&p| !pid_alive(p))),
+        "still running: {:?}",
+        pids.iter().filter(|&&p| pid_alive(p)).collect::<Vec<_>>()
+    );
 }

@@ -41,22 +41,6 @@ const SESSION_LINE_WAIT: Duration = Duration::from_secs(2);
 const JOINED_PID: &str = "10";
 const JOINED_USER: &str = "11";
 
-/// Runs the holder (`$2...`) and watches the sandbox's `meta.json` (`$1`); when it is gone,
-/// kills the whole session: watcher, bwrap and the namespace's PID 1.
-/// The watcher lets go of the pipes at once, so a bwrap that fails leaves them at end of file
-/// and its complaint is read at once.
-/// (A background job's stdin would be /dev/null; bwrap reads its options from it, so it gets
-/// the watcher's, kept aside on fd 9.)
-/// Its first line names its session (its own pid: `setsid` made it the leader), so a start
-/// given up on is killed whole.
-const WATCH: &str = r#"m=$1; shift
-echo "session $$" >&2
-exec 9<&0
-"$@" <&9 9<&- &
-exec >/dev/null 2>&1 9<&- </dev/null
-while [ -e "$m" ]; do sleep 10; done
-kill -KILL 0"#;
-
 /// How long a refused probe stands before the next sandbox probes again.
 const PROBE_AGAIN_AFTER: Duration = Duration::from_secs(60);
 
@@ -190,16 +174,10 @@ pub(super) fn start(
     }
     let mut args: Vec<OsString> = Vec::new();
     // `setsid --fork`: the holder is a session of its own, nobody's child here, and outlives
-    // this process.
-    args.extend([
-        bwrap.setsid.clone().into_os_string(),
-        "--fork".into(),
-        bwrap.sh.clone().into_os_string(),
-        "-c".into(),
-        WATCH.into(),
-        "sh".into(),
-    ]);
-    args.push(sandbox_dir.join(META_FILE).into_os_string());
+    // this process. Its leader watches the sandbox's `meta.json` (see `enter::watch`) and
+    // names the session on stderr first, so that a start given up on is killed whole.
+    args.extend([bwrap.setsid.clone().into_os_string(), "--fork".into()]);
+    args.extend(enter::watching(2, &sandbox_dir.join(META_FILE)));
     // As root with an id range, the first holder's bwrap makes the sandbox's user namespace,
     // which the helper maps for it (the watcher stays outside, to see `meta.json`).
     if let (None, Some(range), true) = (parent, ids, bwrap.is_root()) {

@@ -149,7 +149,6 @@ pub(super) enum Privilege {
 #[derive(Debug)]
 pub(super) struct Bwrap {
     pub privilege: Privilege,
-    pub sh: PathBuf,
     pub setsid: PathBuf,
     pub bwrap: PathBuf,
     /// The system part of every bwrap command line, before the per-sandbox binds: the
@@ -207,7 +206,6 @@ fn probe_now() -> Result<Bwrap, String> {
     };
     let mut b = Bwrap {
         privilege,
-        sh: find("sh")?,
         setsid: find("setsid").map_err(|e| format!("{e} (util-linux)"))?,
         bwrap,
         host_root: Vec::new(),

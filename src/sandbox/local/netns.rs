@@ -23,6 +23,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::cgroup::Cgroup;
+use super::enter;
 use super::isolation::{self, Bwrap, Isolation, IsolationChoice};
 use super::meta::{self, ProcRecord, META_FILE};
 use super::ns::Holder;
@@ -35,17 +36,6 @@ use crate::sandbox::Role;
 const TOOL: &str = "slirp4netns";
 /// How long it may take to configure the namespace.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
-/// Prints its pid (the session's and process group's leader, which is what a recorded
-/// process's kill signals), runs slirp4netns (`$2...`), and, like a namespace holder's
-/// watcher (see `holder_start`), kills the whole session once the sandbox's `meta.json`
-/// (`$1`) is gone: slirp4netns never outlives its sandbox for long, even when no wmo-e2b
-/// process is left to kill it.
-const LAUNCH: &str = r#"echo "$$"; m=$1; shift
-"$@" &
-exec >/dev/null 2>&1 </dev/null
-while [ -e "$m" ]; do sleep 10; done
-kill -KILL 0"#;
-
 /// Why a sandbox cannot have a network of its own here, if it cannot.
 pub(super) fn unavailable(bwrap: Option<&Bwrap>) -> Option<String> {
     match bwrap {
@@ -85,24 +75,26 @@ pub(super) fn open(holder: &Holder) -> io::Result<OwnedFd> {
 /// returns once the namespace has its interface and default route.
 pub(super) fn attach(bwrap: &Bwrap, sandbox_dir: &Path, holder: &Holder) -> io::Result<()> {
     let tool = sys::program(TOOL);
-    let mut args: Vec<OsString> = vec![
-        "--fork".into(),
-        bwrap.sh.clone().into_os_string(),
-        "-c".into(),
-        LAUNCH.into(),
-        "sh".into(),
-        sandbox_dir.join(META_FILE).into_os_string(),
+    // Led by a watcher, as a namespace holder is (see `enter::watch`): slirp4netns never
+    // outlives its sandbox for long, even when no wmo-e2b process is left to kill it. The
+    // watcher names its session (the process group a recorded process's kill signals) on
+    // stdout first.
+    let mut args: Vec<OsString> = vec!["--fork".into()];
+    args.extend(enter::watching(1, &sandbox_dir.join(META_FILE)));
+    args.extend([
         tool.into_os_string(),
         "--configure".into(),
         "--mtu=65520".into(),
         "--disable-host-loopback".into(),
         "--ready-fd=1".into(),
-    ];
-    args.extend([holder.init.to_string().into(), "tap0".into()]);
+        holder.init.to_string().into(),
+        "tap0".into(),
+    ]);
     // `setsid --fork`: nobody's child here, a session (and process group) of its own.
     let mut cmd = Spawn::new(&bwrap.setsid);
     cmd.args(&args)
         .env("PATH", &bwrap.path_env)
+        .stdin(Io::Null)
         .stdout(Io::Piped)
         .stderr(Io::Null);
     if let Some(cgroup) = Cgroup::of(sandbox_dir) {
@@ -110,7 +102,7 @@ pub(super) fn attach(bwrap: &Bwrap, sandbox_dir: &Path, holder: &Holder) -> io::
     }
     let mut child = cmd.spawn()?;
     let mut said = Vec::new();
-    // Its pid on a line, then `1` on the ready fd once the namespace is configured.
+    // Its session on a line, then `1` on the ready fd once the namespace is configured.
     let ready = |b: &[u8]| {
         b.iter()
             .position(|&c| c == b'\n')
@@ -123,7 +115,7 @@ pub(super) fn attach(bwrap: &Bwrap, sandbox_dir: &Path, holder: &Holder) -> io::
     let pid = String::from_utf8_lossy(&said)
         .lines()
         .next()
-        .and_then(|l| l.trim().parse::<u32>().ok());
+        .and_then(|l| l.strip_prefix("session ")?.trim().parse::<u32>().ok());
     let stat = pid.and_then(|p| Some((p, sys::proc_stat(p)?)));
     if let Some((pid, stat)) = stat {
         meta::write_proc_record(

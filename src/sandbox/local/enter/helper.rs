@@ -148,6 +148,17 @@ fn serve(args: &[OsString]) -> Result<Never, Failure> {
             only_stdio().map_err(cannot_enter)?;
             enter(&opened, drop_to, net == "n", cwd, argv)
         }
+        b"watch" => {
+            let [announce, meta, argv @ ..] = rest else {
+                return Err(bad());
+            };
+            let announce = match announce.as_bytes() {
+                b"1" => 1,
+                b"2" => 2,
+                _ => return Err(bad()),
+            };
+            super::watch::watch(announce, meta, argv)
+        }
         b"sweep" => {
             let [holder] = rest else {
                 return Err(bad());

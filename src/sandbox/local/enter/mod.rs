@@ -22,7 +22,9 @@
 //! - **plain**: exec the rest.
 //! - **map**: exec the rest (a sandbox's first holder's bwrap, as root with an id range)
 //!   with a child that maps the user namespace bwrap makes (`userns`, `id_range`). Started
-//!   by path from the holder's watcher shell, which stays the host's.
+//!   by path from the holder's watcher, which stays the host's.
+//! - **watch**: lead the session of a sandbox's holder (or slirp4netns): run the rest, and
+//!   kill the session once the sandbox's `meta.json` is gone (`watch`).
 //! - **sweep**: kill every process of a holder's PID namespace that is not root's, from
 //!   inside it, prove them gone, and look for what they left in the namespace (`sweep`).
 //!
@@ -39,7 +41,8 @@ mod image_mount;
 mod request;
 mod sweep;
 mod userns;
+mod watch;
 
-pub(super) use request::{mapped, ImageMount, Request};
+pub(super) use request::{mapped, watching, ImageMount, Request};
 pub(super) use sweep::{QUEUES_AT, QUEUES_DIR, SWEEP_LEFTOVERS};
 pub(super) use userns::{HOST_ROOT_INSIDE, MAP_BLOCK_FD};

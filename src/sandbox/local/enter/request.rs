@@ -53,10 +53,9 @@ pub(in crate::sandbox::local) struct ImageMount<'a> {
     pub user: u32,
 }
 
-/// What the holder's watcher shell runs before `argv`, as root, for a sandbox with an id
-/// range: this program as the helper, which leaves bwrap a child that maps the user
-/// namespace bwrap makes (see `userns`), and execs `argv`. By path: the shell is no child of
-/// ours.
+/// What the holder's watcher runs before `argv`, as root, for a sandbox with an id range:
+/// this program as the helper, which leaves bwrap a child that maps the user namespace
+/// bwrap makes (see `userns`), and execs `argv`. By path: the watcher is no child of ours.
 pub(in crate::sandbox::local) fn mapped(program: &std::path::Path, base: u32) -> [OsString; 4] {
     std::hint::black_box(&HELPER_HOOK);
     [
@@ -64,6 +63,21 @@ pub(in crate::sandbox::local) fn mapped(program: &std::path::Path, base: u32) ->
         REQUEST.into(),
         "map".into(),
         base.to_string().into(),
+    ]
+}
+
+/// The start of a `setsid --fork` command line that runs `argv` (appended after it) under
+/// a watcher: this program as the helper, which names its session on fd `announce` (1 or
+/// 2), and kills the session once `meta` (a sandbox's `meta.json`) is gone. This program by
+/// a path `setsid`'s child can exec while this process lives, whatever became of its file.
+pub(in crate::sandbox::local) fn watching(announce: u8, meta: &std::path::Path) -> [OsString; 5] {
+    std::hint::black_box(&HELPER_HOOK);
+    [
+        format!("/proc/{}/exe", std::process::id()).into(),
+        REQUEST.into(),
+        "watch".into(),
+        announce.to_string().into(),
+        meta.as_os_str().to_owned(),
     ]
 }
 

@@ -1,0 +1,78 @@
+//! The watch request's side in the helper: the leader of a session that holds a sandbox's
+//! namespace (or its slirp4netns), started by `setsid --fork`. It names its session, starts
+//! the program it watches, lets go of the caller's pipes, and kills the whole session once
+//! the sandbox's `meta.json` is gone (the sandbox killed, or its state directory deleted
+//! under it), so that nothing of a sandbox outlives it for long even when no wmo-e2b process
+//! is left to kill it. Between looks it sleeps: one process, no shell, no `sleep` exec'd.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::RawFd;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+
+use super::helper::{cannot_enter, fail, Failure, Never};
+
+/// How often the watcher looks for `meta.json`: a `stat` each time.
+const LOOK_EVERY: Duration = Duration::from_secs(2);
+/// The exit status of a watched program that could not be run, as a shell's.
+const CANNOT_RUN: libc::c_int = 127;
+
+/// Writes `session <pid>` on `announce` (its own pid: `setsid` made it the session's leader,
+/// so a start given up on can be killed whole), then runs `argv` with every fd it was given
+/// and watches `meta`.
+pub(super) fn watch(announce: RawFd, meta: &OsStr, argv: &[OsString]) -> Result<Never, Failure> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| cannot_enter("no program to watch"))?;
+    let line = format!("session {}\n", std::process::id());
+    // SAFETY: write(2) from a buffer we own; this process is the helper, single-threaded, so
+    // its child may allocate before its exec.
+    unsafe {
+        if libc::write(announce, line.as_ptr().cast(), line.len()) != line.len() as isize {
+            return Err(cannot_enter(format!(
+                "cannot name the session: {}",
+                io::Error::last_os_error()
+            )));
+        }
+        match libc::fork() {
+            -1 => Err(cannot_enter(format!(
+                "cannot start the watched program: {}",
+                io::Error::last_os_error()
+            ))),
+            0 => {
+                let err = Command::new(program).args(args).exec();
+                let why = format!("wmo-e2b: cannot run {}: {err}\n", program.to_string_lossy());
+                fail(why.as_bytes(), CANNOT_RUN)
+            }
+            _ => watcher(meta),
+        }
+    }
+}
+
+/// The watcher's life once the program runs: it holds nothing of the caller's (its pipes
+/// reach end of file when the program lets go of them), reaps nothing itself (the kernel
+/// does), and kills its session once `meta` is gone.
+unsafe fn watcher(meta: &OsStr) -> ! {
+    libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+    let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+    for fd in 0..3 {
+        libc::dup2(null, fd);
+    }
+    libc::syscall(libc::SYS_close_range, 3, libc::c_uint::MAX, 0);
+    loop {
+        std::thread::sleep(LOOK_EVERY);
+        if gone(meta) {
+            libc::kill(0, libc::SIGKILL);
+        }
+    }
+}
+
+/// Whether `meta` is gone for certain (an error that says nothing of it is not).
+fn gone(meta: &OsStr) -> bool {
+    match std::fs::symlink_metadata(meta) {
+        Ok(_) => false,
+        Err(e) => matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)),
+    }
+}
