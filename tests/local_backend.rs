@@ -479,3 +479,46 @@ fn empty_dir_replaces_whatever_a_task_left_without_following_it() {
     assert!(sb.empty_dir("/etc/wmo-e2b-never").is_err());
     assert!(!Path::new("/etc/wmo-e2b-never").exists());
 }
+
+/// A sandbox command is started straight into its sandbox: this process's own child is the
+/// command itself (no helper or launcher between), in the sandbox's namespaces, and already
+/// holds no privilege it could regain.
+#[test]
+fn a_command_is_our_own_child_in_the_sandbox_with_nothing_to_regain() {
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let p = sb.spawn("exec sleep 30", &SpawnOpts::default()).unwrap();
+    let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    assert_ne!(
+        exe(p.pid),
+        exe(std::process::id()),
+        "a helper stands between"
+    );
+    assert!(
+        eventually(WAIT, || exe(p.pid).is_some_and(|e| e.ends_with("sleep"))),
+        "{:?}",
+        exe(p.pid)
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid)).unwrap();
+    let field = |name: &str| {
+        let line = status.lines().find_map(|l| l.strip_prefix(name));
+        line.unwrap_or_else(|| panic!("{name} in {status}")).trim()
+    };
+    assert_eq!(field("PPid:"), std::process::id().to_string());
+    assert_eq!(field("NoNewPrivs:"), "1");
+    assert_eq!(field("Seccomp:"), "2");
+    for caps in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        assert_eq!(field(caps), "0000000000000000", "{caps}");
+    }
+    assert_ne!(field("Uid:").split_whitespace().next(), Some("0"));
+    let ns = |pid: String, kind: &str| std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).ok();
+    for kind in ["pid", "mnt", "ipc", "uts"] {
+        assert_ne!(
+            ns(p.pid.to_string(), kind),
+            ns("self".into(), kind),
+            "{kind}"
+        );
+    }
+    sb.kill_process(p.pid).unwrap();
+    assert_eq!(collect(&p.events, WAIT).exit, Some(None));
+}

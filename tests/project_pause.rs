@@ -199,6 +199,10 @@ fn a_filesystem_pause_keeps_files_and_ends_processes_on_e2b() {
 fn idle_timeout_pauses(on: On) {
     let demo = Demo::new(on, &["--timeout", "3s"]);
     demo.exec(START_LOOP);
+    // Running before the pause, or its survival proves nothing.
+    wait_for("the loop's first stamps", Duration::from_secs(10), || {
+        demo.stamps().len() >= 2
+    });
     wait_for("the idle project to pause", Duration::from_secs(30), || {
         demo.state() == "paused"
     });

@@ -10,10 +10,11 @@
 //! and a stopped process forks no more. Signals go through pidfds (see
 //! `sys::signal_recorded`), so a pid reused meanwhile is never touched.
 //!
-//! A command's launcher outside the namespaces (see `enter`) is left running: it waits for
-//! its command without asking to hear of stops, so it sees nothing, and it can still reap
-//! the command if the paused sandbox is killed (which `Holder::kill` needs). A launcher that
-//! has not yet put its command inside is waited for, since that command would run.
+//! A command's launcher outside the namespaces (see `enter`; most commands have none, see
+//! `spawn::Entry`) is left running: it waits for its command without asking to hear of
+//! stops, so it sees nothing, and it can still reap the command if the paused sandbox is
+//! killed (which `Holder::kill` needs). A launcher that has not yet put its command inside
+//! is waited for, since that command would run.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -218,14 +219,15 @@ fn enclosing_namespaces(pid: u32) -> Vec<u64> {
 }
 
 /// How many launchers recorded in `procs_dir` live without a command yet: each is about to
-/// put one in the sandbox's namespace.
+/// put one in the sandbox's namespace. A recorded process in this process's own PID
+/// namespace is a launcher; the others are the commands themselves, inside.
 fn entering_launchers(procs_dir: &Path) -> usize {
     let Ok(records) = meta::read_proc_records(procs_dir) else {
         return 0;
     };
     records
         .iter()
-        .filter(|r| sys::is_alive(r.pid, r.start_time))
+        .filter(|r| sys::is_alive(r.pid, r.start_time) && sys::in_our_pid_namespace(r.pid))
         .filter(|r| {
             std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", r.pid))
                 .is_ok_and(|c| c.trim().is_empty())

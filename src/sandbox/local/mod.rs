@@ -89,6 +89,7 @@ mod ns;
 mod outlet;
 mod pause;
 mod ports;
+mod pre_exec;
 mod probe;
 mod proc_table;
 mod process;

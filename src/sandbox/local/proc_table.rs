@@ -44,8 +44,8 @@ pub(super) struct ProcEntry {
     stdin: Mutex<Option<ChildStdin>>,
     /// `None` for foreground runs, whose output goes to their `Output`.
     outlet: Option<Outlet>,
-    /// Whether the process is a command's launcher outside the sandbox (under bwrap), the
-    /// command being its child inside.
+    /// Whether the process is a command's launcher outside the sandbox (under bwrap, a command
+    /// that could not be entered directly), the command being its child inside.
     launcher: bool,
 }
 

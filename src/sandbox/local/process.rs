@@ -357,7 +357,7 @@ fn start(state: &Arc<SandboxState>, l: &Launch, outlet: Option<Outlet>) -> Resul
         stat.start_time,
         child.stdin.take(),
         outlet,
-        matches!(state.mode, Mode::Bwrap(_)),
+        matches!(state.mode, Mode::Bwrap(_)) && !child.entered_directly(),
     );
     let entry = Arc::new(entry);
     lock(&state.procs).insert(pid, Arc::clone(&entry));

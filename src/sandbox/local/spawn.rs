@@ -32,10 +32,12 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{ChildStderr, ChildStdin, ChildStdout, ExitStatus};
 
+pub(super) use entry::Entry;
 use slots::slots;
 #[cfg(test)]
 use slots::GROUPS;
 
+mod entry;
 mod slots;
 
 const CLOSE_RANGE_UNSHARE: libc::c_uint = 1 << 1;
@@ -68,6 +70,9 @@ pub(super) struct Spawn {
     cgroups: Vec<OwnedFd>,
     /// A network namespace the child joins before its exec (a sandbox's own, see `netns`).
     netns: Option<OwnedFd>,
+    /// The command to start straight into its sandbox, before this one (the helper) is
+    /// tried (see `entry`).
+    entry: Option<Entry>,
 }
 
 /// A started child: std's pipe types, so callers read and write it as they would std's.
@@ -79,6 +84,9 @@ pub(super) struct Child {
     pub stdout: Option<ChildStdout>,
     pub stderr: Option<ChildStderr>,
     status: Option<ExitStatus>,
+    /// The command itself, started straight into its sandbox (see `entry`), rather than a
+    /// helper that launches it.
+    entered_directly: bool,
 }
 
 impl Spawn {
@@ -94,7 +102,15 @@ impl Spawn {
             new_group: false,
             cgroups: Vec::new(),
             netns: None,
+            entry: None,
         }
+    }
+
+    /// Starts `entry` directly where it can, and this command (the helper that enters the
+    /// same way) where it cannot.
+    pub fn enter_directly(&mut self, entry: Entry) -> &mut Spawn {
+        self.entry = Some(entry);
+        self
     }
 
     /// The child joins the network namespace open as `ns` before its exec.
@@ -179,22 +195,40 @@ impl Spawn {
     /// Starts the child; an error says why it did not start (an exec that failed included:
     /// the child reports its errno before it exits, and is reaped here).
     pub fn spawn(&self) -> io::Result<Child> {
-        if !self.program.as_bytes().contains(&b'/') {
+        if let Some(entry) = &self.entry {
+            // Whatever went wrong, nothing of the command ran; the helper's way says why.
+            if let Ok(child) = self.start(Some(entry)) {
+                return Ok(child);
+            }
+        }
+        self.start(None)
+    }
+
+    fn start(&self, entry: Option<&Entry>) -> io::Result<Child> {
+        let (program, rest, vars, cwd) = match entry {
+            Some(e) => {
+                let (program, rest) = e.argv.split_first().ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "no program to run")
+                })?;
+                (program, rest, &e.env, Some(&e.cwd))
+            }
+            None => (&self.program, &self.args[..], &self.env, self.cwd.as_ref()),
+        };
+        if !program.as_bytes().contains(&b'/') {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 format!(
                     "{} was not found on PATH: install it, or add its directory to PATH",
-                    self.program.to_string_lossy()
+                    program.to_string_lossy()
                 ),
             ));
         }
-        let path = c_string(&self.program)?;
-        let args = std::iter::once(&self.program)
-            .chain(&self.args)
+        let path = c_string(program)?;
+        let args = std::iter::once(program)
+            .chain(rest)
             .map(|a| c_string(a))
             .collect::<io::Result<Vec<_>>>()?;
-        let env = self
-            .env
+        let env = vars
             .iter()
             .map(|(k, v)| {
                 let mut kv = k.clone();
@@ -203,7 +237,7 @@ impl Spawn {
                 c_string(&kv)
             })
             .collect::<io::Result<Vec<_>>>()?;
-        let cwd = self.cwd.as_deref().map(c_string).transpose()?;
+        let cwd = cwd.map(|c| c_string(c)).transpose()?;
         let argv = null_terminated(&args);
         let envp = null_terminated(&env);
         if self.cgroups.len() > MAX_CGROUPS {
@@ -248,17 +282,40 @@ impl Spawn {
             new_group: self.new_group,
             cgroups,
             netns: self.netns.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
+            joins: entry.map(Entry::joins),
+            command_stack_top: group.command_stack_top,
+            command: 0,
             err: 0,
         };
-        let started = placed.and_then(|()| start(&mut plan, group.stack_top));
+        let started = placed.and_then(|()| clone_child(&mut plan, group.stack_top));
         slots.give_back(group);
         drop(theirs);
-        let pid = started?;
-        // SAFETY: the child has exec'd or exited (CLONE_VFORK), so nothing writes `err` now.
-        let err = unsafe { std::ptr::read_volatile(&plan.err) };
-        if err != 0 {
-            let _ = wait_pid(pid);
-            return Err(io::Error::from_raw_os_error(err));
+        let child = started?;
+        // SAFETY: the child has exec'd or exited (CLONE_VFORK), and so has the command it
+        // started, if any: nothing writes the plan now.
+        let (err, command) = unsafe {
+            (
+                std::ptr::read_volatile(&plan.err),
+                std::ptr::read_volatile(&plan.command),
+            )
+        };
+        let pid = match entry {
+            // The child only started the command, which is ours too: it has exited.
+            Some(_) => {
+                let _ = wait_pid(child);
+                command
+            }
+            None => child,
+        };
+        if err != 0 || pid <= 0 {
+            if pid > 0 {
+                let _ = wait_pid(pid);
+            }
+            return Err(io::Error::from_raw_os_error(if err != 0 {
+                err
+            } else {
+                libc::EIO
+            }));
         }
         let [stdin, stdout, stderr] = ours;
         Ok(Child {
@@ -267,6 +324,7 @@ impl Spawn {
             stdout: stdout.map(ChildStdout::from),
             stderr: stderr.map(ChildStderr::from),
             status: None,
+            entered_directly: entry.is_some(),
         })
     }
 }
@@ -274,6 +332,12 @@ impl Spawn {
 impl Child {
     pub fn id(&self) -> u32 {
         self.pid
+    }
+
+    /// Whether this is the command itself, started straight into its sandbox, rather than a
+    /// helper that launches it.
+    pub fn entered_directly(&self) -> bool {
+        self.entered_directly
     }
 
     /// Reaps the child, waiting for its exit; its status once reaped.
@@ -371,12 +435,18 @@ struct Plan {
     cgroups: [RawFd; MAX_CGROUPS],
     /// A network namespace fd in the parent's table, or -1.
     netns: RawFd,
+    /// For a direct entry: what the child joins before it starts the command (see `entry`),
+    /// on the stack below its own.
+    joins: Option<entry::Joins>,
+    command_stack_top: *mut libc::c_void,
+    /// The command's pid, once a direct entry's child has started it.
+    command: libc::pid_t,
     /// The errno of the step that failed, for the parent to report.
     err: libc::c_int,
 }
 
 /// Starts the child on `stack_top`; returns once it has exec'd or exited.
-fn start(plan: &mut Plan, stack_top: *mut libc::c_void) -> io::Result<libc::pid_t> {
+fn clone_child(plan: &mut Plan, stack_top: *mut libc::c_void) -> io::Result<libc::pid_t> {
     // SAFETY: sigset_t is plain data; the masks are ours.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -404,17 +474,14 @@ fn start(plan: &mut Plan, stack_top: *mut libc::c_void) -> io::Result<libc::pid_
     Ok(pid)
 }
 
-/// The child, from its start to its exec. Raw system calls only: it shares the parent's
-/// memory, and another thread of the parent may hold any lock.
+/// The child, from its start to its exec (or, for a direct entry, to the command's start).
+/// Raw system calls only: it shares the parent's memory, and another thread of the parent
+/// may hold any lock.
 extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     let plan = arg.cast::<Plan>();
-    // SAFETY: `plan` outlives the child's use of it (see `start`); each call below is a
-    // system call on plain values or on strings the parent laid out.
+    // SAFETY: `plan` outlives the child's use of it (see `clone_child`); each call below is
+    // a system call on plain values or on strings the parent laid out.
     unsafe {
-        let fail = |plan: *mut Plan| -> ! {
-            std::ptr::write_volatile(std::ptr::addr_of_mut!((*plan).err), errno());
-            libc::_exit(127)
-        };
         // Into the sandbox's cgroups while the parent's table (holding their fds) is still
         // ours: "0" names the writer. A child that cannot join does not run unbounded.
         if (*plan).netns >= 0 && libc::setns((*plan).netns, libc::CLONE_NEWNET) != 0 {
@@ -422,6 +489,12 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         }
         for fd in (*plan).cgroups {
             if fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                fail(plan);
+            }
+        }
+        let joins = (*plan).joins;
+        if let Some(joins) = &joins {
+            if !entry::join(joins) {
                 fail(plan);
             }
         }
@@ -450,7 +523,8 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
             libc::c_uint::MAX,
             0,
         );
-        if (*plan).new_group && libc::setpgid(0, 0) != 0 {
+        // A direct entry's command leads its own group (this child does not last).
+        if (*plan).new_group && joins.is_none() && libc::setpgid(0, 0) != 0 {
             fail(plan);
         }
         if !(*plan).cwd.is_null() && libc::chdir((*plan).cwd) != 0 {
@@ -468,12 +542,40 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
                 libc::sigaction(sig, &default, std::ptr::null_mut());
             }
         }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        libc::execve((*plan).path, (*plan).argv, (*plan).envp);
-        fail(plan)
+        if joins.is_some() {
+            if !entry::start_command(plan, (*plan).command_stack_top) {
+                fail(plan);
+            }
+            libc::_exit(0)
+        }
+        exec(plan)
     }
+}
+
+/// Unblocks every signal and execs the plan's program; returns only by [`fail`].
+///
+/// # Safety
+/// In a child of a start, with the start's plan.
+unsafe fn exec(plan: *mut Plan) -> ! {
+    let mut none: libc::sigset_t = std::mem::zeroed();
+    libc::sigemptyset(&mut none);
+    libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    libc::execve((*plan).path, (*plan).argv, (*plan).envp);
+    fail(plan)
+}
+
+/// Leaves the errno of the step that failed for the parent (never 0, which reads as none)
+/// and exits.
+///
+/// # Safety
+/// In a child of a start, with the start's plan.
+unsafe fn fail(plan: *mut Plan) -> ! {
+    let err = match errno() {
+        0 => libc::EIO,
+        e => e,
+    };
+    std::ptr::write_volatile(std::ptr::addr_of_mut!((*plan).err), err);
+    libc::_exit(127)
 }
 
 fn errno() -> libc::c_int {

@@ -349,9 +349,10 @@ pub(super) fn wait_reaped(pid: u32, start_time: u64, within: Duration) -> bool {
 /// Killed together with its children instead, the launcher would leave them to the host's
 /// init to reap, and the sandbox's namespace could not end before that (see
 /// `Holder::kill`). Does nothing unless `pid` is still the process that started at
-/// `start_time`.
+/// `start_time`, and a launcher: outside the sandbox, in this process's PID namespace (a
+/// command entered directly is inside, and its children are its own business).
 pub(super) fn end_launched(pid: u32, start_time: u64) -> io::Result<()> {
-    if !is_alive(pid, start_time) {
+    if !is_alive(pid, start_time) || !in_our_pid_namespace(pid) {
         return Ok(());
     }
     let children =
@@ -374,6 +375,12 @@ pub(super) fn end_launched(pid: u32, start_time: u64) -> io::Result<()> {
         wait_gone(pid, start_time, LAUNCHER_GRACE);
     }
     Ok(())
+}
+
+/// Whether `pid` lives in this process's PID namespace (not inside a sandbox's).
+pub(super) fn in_our_pid_namespace(pid: u32) -> bool {
+    let ns = |of: &str| std::fs::read_link(format!("/proc/{of}/ns/pid")).ok();
+    ns(&pid.to_string()).is_some_and(|theirs| Some(theirs) == ns("self"))
 }
 
 /// Sends `signal` to `pid` if it is still the process that started at `start_time`; through

@@ -13,7 +13,7 @@ use std::process::Command;
 
 use crate::sandbox::local::confined::open_at;
 use crate::sandbox::local::isolation::Identity;
-use crate::sandbox::local::sys;
+use crate::sandbox::local::{pre_exec, sys};
 
 /// The first argument that makes a program linking this library the helper. An option, so
 /// that a program in which the hook somehow did not run refuses it rather than acting on it.
@@ -189,7 +189,7 @@ pub(super) struct Opened {
     /// The holder's `/proc` entry: readable for as long as that very process lives.
     entry: File,
     pub pid: OwnedFd,
-    user: Option<OwnedFd>,
+    pub user: Option<OwnedFd>,
     /// Mount, IPC, UTS and the root directory, for `enter`.
     pub rest: Option<[OwnedFd; 4]>,
 }
@@ -202,6 +202,16 @@ fn open_holder(named: &OsStr, user: bool, every: bool) -> Result<Opened, Failure
         .and_then(|s| s.split_once(':'))
         .and_then(|(p, t)| Some((p.parse::<u32>().ok()?, t.parse::<u64>().ok()?)))
         .ok_or_else(|| cannot_enter("a malformed holder in a sandbox helper request"))?;
+    open_holder_at(pid, start_time, user, every)
+}
+
+/// As `open_holder`, for the holder whose PID 1 is `pid`, started at `start_time`.
+pub(super) fn open_holder_at(
+    pid: u32,
+    start_time: u64,
+    user: bool,
+    every: bool,
+) -> Result<Opened, Failure> {
     let entry = File::open(format!("/proc/{pid}")).map_err(|_| gone())?;
     let at = |name: &str| open_at(entry.as_raw_fd(), name, libc::O_RDONLY, 0).map_err(|_| gone());
     let pid = at("ns/pid")?;
@@ -345,29 +355,8 @@ fn enter(
                 io::Error::last_os_error()
             ))),
             0 => {
-                if own_network
-                    && (libc::unshare(libc::CLONE_NEWNET) == -1 || loopback_up().is_err())
-                {
-                    fail(
-                        b"wmo-e2b: cannot make the command's network namespace\n",
-                        CANNOT_ENTER,
-                    );
-                }
-                if drop_privileges(drop_to).is_err() {
-                    fail(
-                        b"wmo-e2b: cannot drop the command's privileges\n",
-                        CANNOT_ENTER,
-                    );
-                }
-                // What a task makes is its group's to write too, so the verifier (a member of
-                // that group, see `isolation::VERIFIER_UID`) may build and write where the
-                // agent worked; an agent that takes that away only fails its own verify.
-                libc::umask(0o002);
-                if crate::sandbox::local::seccomp::install().is_err() {
-                    fail(
-                        b"wmo-e2b: cannot filter the command's system calls\n",
-                        CANNOT_ENTER,
-                    );
+                if let Err(why) = pre_exec::become_command(own_network, drop_to) {
+                    fail(why, CANNOT_ENTER);
                 }
                 libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
                 fail(b"wmo-e2b: cannot start the command\n", CANNOT_EXEC)
@@ -381,95 +370,6 @@ fn enter(
 pub(super) unsafe fn fail(why: &[u8], code: libc::c_int) -> ! {
     libc::write(2, why.as_ptr().cast(), why.len());
     libc::_exit(code)
-}
-
-/// What `setpriv --reuid --regid --clear-groups --inh-caps=-all --bounding-set=-all
-/// --no-new-privs` does, as bwrap does for the processes it starts: nothing the command
-/// execs can gain a privilege.
-unsafe fn drop_privileges(drop_to: Option<Identity>) -> io::Result<()> {
-    // The bounding set first: emptying it takes CAP_SETPCAP, which the uid change ends.
-    for cap in 0..64 {
-        if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) == -1 {
-            match io::Error::last_os_error().raw_os_error() {
-                // Past the last capability this kernel knows.
-                Some(libc::EINVAL) => break,
-                _ => return Err(io::Error::last_os_error()),
-            }
-        }
-    }
-    if let Some(Identity { uid, group }) = drop_to {
-        match group {
-            Some(g) => check(libc::setgroups(1, &g))?,
-            None => check(libc::setgroups(0, std::ptr::null()))?,
-        }
-        check(libc::setresgid(uid, uid, uid))?;
-        check(libc::setresuid(uid, uid, uid))?;
-    }
-    clear_capabilities()?;
-    check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
-}
-
-/// Empties the permitted, effective and inheritable capability sets.
-unsafe fn clear_capabilities() -> io::Result<()> {
-    set_capabilities(0)
-}
-
-/// Makes the effective and permitted sets `keep` (of the first 32 capabilities) and the
-/// inheritable set empty (`capset` v3).
-pub(super) unsafe fn set_capabilities(keep: u32) -> io::Result<()> {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const VERSION_3: u32 = 0x2008_0522;
-    let mut header = Header {
-        version: VERSION_3,
-        pid: 0,
-    };
-    let none = Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    };
-    let data = [
-        Data {
-            effective: keep,
-            permitted: keep,
-            inheritable: 0,
-        },
-        none,
-    ];
-    if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Brings up the loopback device of a new network namespace (it starts down).
-unsafe fn loopback_up() -> io::Result<()> {
-    let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-    if sock == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut req: libc::ifreq = std::mem::zeroed();
-    for (to, from) in req.ifr_name.iter_mut().zip(b"lo") {
-        *to = *from as libc::c_char;
-    }
-    let mut result = check(libc::ioctl(sock, libc::SIOCGIFFLAGS as _, &mut req));
-    if result.is_ok() {
-        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        result = check(libc::ioctl(sock, libc::SIOCSIFFLAGS as _, &req));
-    }
-    libc::close(sock);
-    result
 }
 
 /// The launcher: holds nothing of the command's, waits for it and ends as it ended. A
@@ -550,14 +450,6 @@ fn max_fds() -> libc::c_int {
         return 1024;
     }
     libc::c_int::try_from(limit.rlim_cur.min(1 << 16)).unwrap_or(1024)
-}
-
-pub(super) fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! Starting a process inside a sandbox, through a helper that is this very program.
 //!
 //! Joining a holder's namespaces and dropping privileges must happen in the new process,
-//! between its fork and its exec. Done there in this process (`pre_exec`), every start would
-//! be a full `fork()` of a process with many threads, whose page tables the kernel copies;
-//! a cheap start (see `spawn`) copies nothing but can run no more than a few system calls in
-//! the child. So a sandbox process is started through a helper: this program again
-//! (`/proc/self/exe`), started cheaply, with a request on its command line. A hook that runs
+//! between its fork and its exec. Done there in this process (std's `pre_exec`), every start
+//! would be a full `fork()` of a process with many threads, whose page tables the kernel
+//! copies; a cheap start (see `spawn`) copies nothing but runs raw system calls alone in the
+//! child, which suffices for a command (`spawn::Entry`). What takes more (mounting an image,
+//! handing fds to bwrap, sweeping a namespace, watching a sandbox), and a command that could
+//! not be started that way, goes through a helper: this program again (`/proc/self/exe`),
+//! started cheaply, with a request on its command line. A hook that runs
 //! before `main` in every program linking this library (the CLI and every test binary)
 //! spots the request, carries it out, and never returns to `main`.
 //!
@@ -15,7 +17,9 @@
 //!   joined it), which drops every privilege and execs. The helper stays outside as the
 //!   command's launcher: it reaps the command and ends as it ended (the shape of `nsenter
 //!   --fork`). That launcher outside is why a holder's PID 1 is killed before the command
-//!   groups (see `Holder::kill`).
+//!   groups (see `Holder::kill`). A command is first started without it, straight into the
+//!   sandbox (`spawn::Entry`, the same steps from the cheap start's child); this request is
+//!   what remains wherever that cannot be, and says why on the command's stderr.
 //! - **join**: open a holder's PID namespace (and user namespace) as fd 10 (and 11) and exec
 //!   the rest with them: a nested holder's bwrap, which joins them itself (`--pidns 10`);
 //!   for a sandbox with an image, first mount it as that holder's root (`image_mount`).

@@ -2,10 +2,10 @@
 
 use std::ffi::OsString;
 
-use super::helper::{ENV_PREFIX, HELPER_HOOK, REQUEST};
+use super::helper::{open_holder_at, ENV_PREFIX, HELPER_HOOK, REQUEST};
 use crate::sandbox::local::isolation::Identity;
 use crate::sandbox::local::ns::Holder;
-use crate::sandbox::local::spawn::Spawn;
+use crate::sandbox::local::spawn::{Entry, Spawn};
 
 /// How a sandbox process is started.
 pub(in crate::sandbox::local) enum Request<'a> {
@@ -108,6 +108,9 @@ impl Request<'_> {
                 for (i, (k, v)) in command_env.iter().enumerate() {
                     c.env(format!("{ENV_PREFIX}{i}"), format!("{k}={v}"));
                 }
+                if let Some(entry) = direct_entry(self) {
+                    c.enter_directly(entry);
+                }
             }
             Request::Join {
                 holder,
@@ -141,6 +144,39 @@ impl Request<'_> {
         c.args(args);
         c
     }
+}
+
+/// An `Enter` as a direct entry (see `spawn::Entry`), with the holder's namespaces opened
+/// here; none where they cannot be (the holder gone: the helper then says so).
+fn direct_entry(request: &Request) -> Option<Entry> {
+    let Request::Enter {
+        holder,
+        user_namespace,
+        drop_to,
+        own_network,
+        cwd,
+        env,
+        argv,
+        ..
+    } = request
+    else {
+        return None;
+    };
+    let opened = open_holder_at(holder.init, holder.start_time, *user_namespace, true).ok()?;
+    let [mnt, ipc, uts, root] = opened.rest?;
+    Some(Entry {
+        user: opened.user,
+        namespaces: [ipc, uts, opened.pid, mnt],
+        root,
+        own_network: *own_network,
+        drop_to: *drop_to,
+        argv: argv.iter().map(OsString::from).collect(),
+        env: env
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect(),
+        cwd: OsString::from(cwd),
+    })
 }
 
 /// `UID`, or `UID+GROUP` with a supplementary group.

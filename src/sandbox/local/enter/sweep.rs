@@ -15,10 +15,8 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 
-use super::helper::{
-    cannot_enter, check, fail, gone, launcher, set_capabilities, Failure, Never, Opened,
-    CANNOT_ENTER,
-};
+use super::helper::{cannot_enter, fail, gone, launcher, Failure, Never, Opened, CANNOT_ENTER};
+use crate::sandbox::local::pre_exec::{check, set_capabilities};
 
 /// The exit status of a sweep that could not prove every task process gone.
 const SWEEP_UNPROVEN: i32 = 3;

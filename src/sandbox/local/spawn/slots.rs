@@ -12,8 +12,10 @@ use crate::sync::lock;
 
 /// How many starts may be under way at once (each holds a group only until its child execs).
 pub(super) const GROUPS: usize = 8;
-/// The child's stack: it calls a few system calls and nothing else.
-const STACK_BYTES: usize = 64 * 1024;
+/// The stacks of a start: the child's on the upper half, and on the lower the command's that
+/// a direct entry's child starts (see `entry`) while it waits, its frames above. Each makes
+/// a few system calls and nothing else.
+const STACK_BYTES: usize = 128 * 1024;
 /// One page below the stack that faults instead of letting an overflow write past it.
 const GUARD_BYTES: usize = 4096;
 
@@ -30,6 +32,7 @@ pub(super) struct Slots {
 pub(super) struct Group {
     pub fds: [RawFd; 3],
     pub stack_top: *mut libc::c_void,
+    pub command_stack_top: *mut libc::c_void,
 }
 
 // SAFETY: a group is handed from thread to thread whole; its stack is only used by the child
@@ -114,6 +117,8 @@ fn make_slots() -> io::Result<Slots> {
         let _ = free_tx.send(Group {
             fds: group,
             stack_top,
+            // SAFETY: halfway down the same mapping.
+            command_stack_top: unsafe { stack_top.cast::<u8>().sub(STACK_BYTES / 2) }.cast(),
         });
     }
     Ok(Slots {
@@ -125,7 +130,7 @@ fn make_slots() -> io::Result<Slots> {
 }
 
 /// A stack for the child (kept for the life of the process; one whose group was never made
-/// stays mapped, 68 KiB), with a guard page below it.
+/// stays mapped, 132 KiB), with a guard page below it.
 fn map_stack() -> io::Result<*mut libc::c_void> {
     // SAFETY: a new anonymous private mapping, which nothing else refers to.
     let base = unsafe {
