@@ -11,7 +11,10 @@ use super::dup_onto;
 use crate::sync::lock;
 
 /// How many starts may be under way at once (each holds a group only until its child execs).
-pub(super) const GROUPS: usize = 8;
+/// A direct entry (see `entry`) holds its group while it joins the sandbox and makes the
+/// command's network namespace, which the kernel serializes and which takes milliseconds
+/// while others are torn down: enough groups that starts into other sandboxes need not wait.
+pub(super) const GROUPS: usize = 32;
 /// The stacks of a start: the child's on the upper half, and on the lower the command's that
 /// a direct entry's child starts (see `entry`) while it waits, its frames above. Each makes
 /// a few system calls and nothing else.
