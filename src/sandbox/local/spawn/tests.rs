@@ -145,3 +145,63 @@ fn many_starts_at_once_each_get_their_own_pipes() {
         assert_eq!(out, format!("{i}\n"));
     }
 }
+
+/// A direct entry into this process's own namespaces, which root may join again; `None`
+/// (said) for anyone else.
+fn own_entry(argv: &[&str], namespaces: &str) -> Option<Entry> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: no namespace to join again");
+        return None;
+    }
+    let open = |p: String| OwnedFd::from(std::fs::File::open(p).unwrap());
+    Some(Entry {
+        user: None,
+        namespaces: ["ipc", "uts", "pid", "mnt"].map(|k| open(format!("{namespaces}/{k}"))),
+        root: open("/".into()),
+        own_network: false,
+        drop_to: None,
+        argv: argv.iter().map(OsString::from).collect(),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        cwd: "/".into(),
+    })
+}
+
+#[test]
+fn a_direct_entry_starts_the_command_itself_as_our_child() {
+    let Some(entry) = own_entry(&["/bin/sh", "-c", "echo direct $PPID"], "/proc/self/ns") else {
+        return;
+    };
+    let mut s = sh("echo helper");
+    s.enter_directly(entry).stdout(Io::Piped);
+    let child = s.spawn().unwrap();
+    assert!(child.entered_directly());
+    let (out, status) = output(child);
+    assert!(status.success());
+    assert_eq!(out, format!("direct {}\n", std::process::id()));
+}
+
+#[test]
+fn a_direct_entry_that_fails_anywhere_falls_back_to_the_helper() {
+    let dir = tempfile::tempdir().unwrap();
+    for kind in ["ipc", "uts", "pid", "mnt"] {
+        std::fs::write(dir.path().join(kind), "").unwrap();
+    }
+    let not_namespaces = dir.path().to_string_lossy().into_owned();
+    // The start's child fails to join; then the command fails to exec.
+    for (argv, namespaces) in [
+        (&["/bin/echo", "direct"][..], not_namespaces.as_str()),
+        (&["/nonexistent/program"][..], "/proc/self/ns"),
+    ] {
+        let Some(entry) = own_entry(argv, namespaces) else {
+            return;
+        };
+        let mut s = sh("echo helper");
+        s.enter_directly(entry).stdout(Io::Piped);
+        let child = s.spawn().unwrap();
+        assert!(!child.entered_directly(), "{argv:?}");
+        let (out, status) = output(child);
+        assert!(status.success());
+        assert_eq!(out, "helper\n", "{argv:?}");
+    }
+}
