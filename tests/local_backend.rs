@@ -480,11 +480,16 @@ fn empty_dir_replaces_whatever_a_task_left_without_following_it() {
     assert!(!Path::new("/etc/wmo-e2b-never").exists());
 }
 
-/// A sandbox command is started straight into its sandbox: this process's own child is the
-/// command itself (no helper or launcher between), in the sandbox's namespaces, and already
-/// holds no privilege it could regain.
+/// As root, a sandbox command is started straight into its sandbox: this process's own
+/// child is the command itself (no helper or launcher between), in the sandbox's namespaces,
+/// and already holds no privilege it could regain. (Without root the helper starts it.)
 #[test]
 fn a_command_is_our_own_child_in_the_sandbox_with_nothing_to_regain() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: commands start through the helper");
+        return;
+    }
     let (_d, b) = backend();
     let sb = create(&b);
     let p = sb.spawn("exec sleep 30", &SpawnOpts::default()).unwrap();
@@ -521,4 +526,56 @@ fn a_command_is_our_own_child_in_the_sandbox_with_nothing_to_regain() {
     }
     sb.kill_process(p.pid).unwrap();
     assert_eq!(collect(&p.events, WAIT).exit, Some(None));
+}
+
+/// Until its exec, a command started straight into its sandbox shares this process's memory,
+/// whose environment holds the host's variables (a model key among them, in a real run). A
+/// task that watches every new process of its namespace, reading each one's environment as
+/// fast as it can while the host starts hundreds of commands, never reads one of ours.
+#[test]
+fn a_task_never_reads_the_host_memory_a_starting_command_shares() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: commands start through the helper");
+        return;
+    }
+    // Set by cargo and nextest for every test process, and by nothing in a sandbox.
+    assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")));
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let watcher = sb
+        .spawn(
+            "exec python3 -c '
+import os, sys
+seen, leaks = set(), set()
+me = str(os.getpid())
+while not os.path.exists(\"stop\"):
+    for p in os.listdir(\"/proc\"):
+        if not p.isdigit() or p == me:
+            continue
+        try:
+            with open(\"/proc/%s/environ\" % p, \"rb\") as f:
+                env = f.read()
+        except OSError:
+            continue
+        seen.add(p)
+        if b\"CARGO\" in env:
+            leaks.add(p)
+print(\"seen\", len(seen), \"leaks\", len(leaks), flush=True)
+'",
+            &SpawnOpts::default(),
+        )
+        .unwrap();
+    for _ in 0..400 {
+        assert_eq!(sh(&*sb, "sleep 0.001").exit_code, Some(0));
+    }
+    sh(&*sb, "touch stop");
+    let out = read_until(&watcher.events, "leaks", WAIT);
+    let words: Vec<&str> = out.split_whitespace().collect();
+    let [_, seen, _, leaks] = words[..] else {
+        panic!("{out}");
+    };
+    // It read the environments of the commands themselves, once they had exec'd.
+    assert!(seen.parse::<u32>().unwrap() >= 50, "{out}");
+    assert_eq!(leaks, "0", "{out}");
 }

@@ -4,7 +4,7 @@
 //! between its fork and its exec. Done there in this process (std's `pre_exec`), every start
 //! would be a full `fork()` of a process with many threads, whose page tables the kernel
 //! copies; a cheap start (see `spawn`) copies nothing but runs raw system calls alone in the
-//! child, which suffices for a command (`spawn::Entry`). What takes more (mounting an image,
+//! child, which suffices for a command as root (`spawn::Entry`). What takes more (mounting an image,
 //! handing fds to bwrap, sweeping a namespace, watching a sandbox), and a command that could
 //! not be started that way, goes through a helper: this program again (`/proc/self/exe`),
 //! started cheaply, with a request on its command line. A hook that runs
@@ -17,9 +17,10 @@
 //!   joined it), which drops every privilege and execs. The helper stays outside as the
 //!   command's launcher: it reaps the command and ends as it ended (the shape of `nsenter
 //!   --fork`). That launcher outside is why a holder's PID 1 is killed before the command
-//!   groups (see `Holder::kill`). A command is first started without it, straight into the
-//!   sandbox (`spawn::Entry`, the same steps from the cheap start's child); this request is
-//!   what remains wherever that cannot be, and says why on the command's stderr.
+//!   groups (see `Holder::kill`). As root, a command is first started without it, straight
+//!   into the sandbox (`spawn::Entry`, the same steps from the cheap start's child); this
+//!   request is what remains without root or wherever that cannot be, and says why on the
+//!   command's stderr.
 //! - **join**: open a holder's PID namespace (and user namespace) as fd 10 (and 11) and exec
 //!   the rest with them: a nested holder's bwrap, which joins them itself (`--pidns 10`);
 //!   for a sandbox with an image, first mount it as that holder's root (`image_mount`).

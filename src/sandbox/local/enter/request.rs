@@ -147,7 +147,11 @@ impl Request<'_> {
 }
 
 /// An `Enter` as a direct entry (see `spawn::Entry`), with the holder's namespaces opened
-/// here; none where they cannot be (the holder gone: the helper then says so).
+/// here; none where they cannot be (the holder gone: the helper then says so), and none
+/// without root. Until its exec the command shares this process's memory, credentials of the
+/// host's included: only a command that becomes another user (root's drop to the sandbox's)
+/// can be kept from every process of the sandbox then (see `spawn::entry`); in a user
+/// namespace it already is their user, and the helper's own memory is all it could show.
 fn direct_entry(request: &Request) -> Option<Entry> {
     let Request::Enter {
         holder,
@@ -162,6 +166,7 @@ fn direct_entry(request: &Request) -> Option<Entry> {
     else {
         return None;
     };
+    drop_to.as_ref()?;
     let opened = open_holder_at(holder.init, holder.start_time, *user_namespace, true).ok()?;
     let [mnt, ipc, uts, root] = opened.rest?;
     Some(Entry {

@@ -9,6 +9,15 @@
 //! reaps, signals and times the command itself, as any process it starts, with no launcher
 //! between. The command takes its last steps (`pre_exec`) and execs.
 //!
+//! Until its exec the command shares this process's memory, which holds the host's
+//! credentials: no process of the sandbox may read it then. The command makes that memory
+//! not dumpable before it drops to the sandbox's user, so a process of that user can neither
+//! trace it nor read its `/proc/<pid>/mem` or `environ` in the moment before the exec (which
+//! gives it a memory of its own, dumpable again); root's uid drop would do as much where
+//! `fs.suid_dumpable` is 0, but not where it is 1. This process stays not dumpable, which
+//! root shrugs off. Without root the command is the sandbox's user from its start, so only
+//! the helper's way is safe there (see `enter`'s `direct_entry`).
+//!
 //! Where this way fails for any reason (the holder gone, a program missing, a kernel that
 //! lets no process sharing its memory join a user namespace), `Spawn::spawn` starts the
 //! helper instead, which says why on the command's stderr and ends as a command that could
@@ -124,7 +133,9 @@ extern "C" fn command(arg: *mut libc::c_void) -> libc::c_int {
         if (*plan).new_group && libc::setpgid(0, 0) != 0 {
             super::fail(plan);
         }
-        if pre_exec::become_command(joins.own_network, joins.drop_to).is_err() {
+        if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0
+            || pre_exec::become_command(joins.own_network, joins.drop_to).is_err()
+        {
             super::fail(plan);
         }
         super::exec(plan)
