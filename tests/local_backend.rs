@@ -529,9 +529,10 @@ fn a_command_is_our_own_child_in_the_sandbox_with_nothing_to_regain() {
 }
 
 /// Until its exec, a command started straight into its sandbox shares this process's memory,
-/// whose environment holds the host's variables (a model key among them, in a real run). A
-/// task that watches every new process of its namespace, reading each one's environment as
-/// fast as it can while the host starts hundreds of commands, never reads one of ours.
+/// whose environment holds the host's variables (a model key among them, in a real run) and
+/// whose command line may hold a key (the emulator's). A task that watches every new process
+/// of its namespace, reading each one's environment and command line as fast as it can while
+/// the host starts hundreds of commands, never reads either of ours.
 #[test]
 fn a_task_never_reads_the_host_memory_a_starting_command_shares() {
     // SAFETY: geteuid cannot fail.
@@ -539,8 +540,11 @@ fn a_task_never_reads_the_host_memory_a_starting_command_shares() {
         eprintln!("not root: commands start through the helper");
         return;
     }
-    // Set by cargo and nextest for every test process, and by nothing in a sandbox.
+    // Set by cargo and nextest for every test process, and by nothing in a sandbox; and the
+    // test binary's path, which only our command line holds.
     assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")));
+    let program = std::env::current_exe().unwrap();
+    assert!(program.to_string_lossy().contains("/deps/"), "{program:?}");
     let (_d, b) = backend();
     let sb = create(&b);
     let watcher = sb
@@ -554,6 +558,9 @@ while not os.path.exists(\"stop\"):
         if not p.isdigit() or p == me:
             continue
         try:
+            with open(\"/proc/%s/cmdline\" % p, \"rb\") as f:
+                if b\"/deps/\" in f.read():
+                    leaks.add(p)
             with open(\"/proc/%s/environ\" % p, \"rb\") as f:
                 env = f.read()
         except OSError:

@@ -32,7 +32,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{ChildStderr, ChildStdin, ChildStdout, ExitStatus};
 
-pub(super) use entry::Entry;
+pub(super) use entry::{command_line_hidden, Entry};
 use slots::slots;
 #[cfg(test)]
 use slots::GROUPS;

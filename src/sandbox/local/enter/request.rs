@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use super::helper::{open_holder_at, ENV_PREFIX, HELPER_HOOK, REQUEST};
 use crate::sandbox::local::isolation::Identity;
 use crate::sandbox::local::ns::Holder;
-use crate::sandbox::local::spawn::{Entry, Spawn};
+use crate::sandbox::local::spawn::{command_line_hidden, Entry, Spawn};
 
 /// How a sandbox process is started.
 pub(in crate::sandbox::local) enum Request<'a> {
@@ -147,8 +147,8 @@ impl Request<'_> {
 }
 
 /// An `Enter` as a direct entry (see `spawn::Entry`), with the holder's namespaces opened
-/// here; none where they cannot be (the holder gone: the helper then says so), and none
-/// without root. Until its exec the command shares this process's memory, credentials of the
+/// here; none where they cannot be (the holder gone: the helper then says so), none while
+/// this process's command line shows (see `spawn::entry`), and none without root. Until its exec the command shares this process's memory, credentials of the
 /// host's included: only a command that becomes another user (root's drop to the sandbox's)
 /// can be kept from every process of the sandbox then (see `spawn::entry`); in a user
 /// namespace it already is their user, and the helper's own memory is all it could show.
@@ -166,7 +166,9 @@ fn direct_entry(request: &Request) -> Option<Entry> {
     else {
         return None;
     };
-    drop_to.as_ref()?;
+    if drop_to.is_none() || !command_line_hidden() {
+        return None;
+    }
     let opened = open_holder_at(holder.init, holder.start_time, *user_namespace, true).ok()?;
     let [mnt, ipc, uts, root] = opened.rest?;
     Some(Entry {

@@ -18,13 +18,23 @@
 //! root shrugs off. Without root the command is the sandbox's user from its start, so only
 //! the helper's way is safe there (see `enter`'s `direct_entry`).
 //!
+//! Its command line, which any process of the sandbox may read at any moment
+//! (`/proc/<pid>/cmdline` asks for no right), is this process's as well: before the first
+//! direct entry this process overwrites it with a title of its program's name and subcommand
+//! alone (`hide_command_line`), so that a key given on it (the emulator's `--api-key`) is not
+//! the sandbox's to read; where that fails, the helper's way is used.
+//!
 //! Where this way fails for any reason (the holder gone, a program missing, a kernel that
 //! lets no process sharing its memory join a user namespace), `Spawn::spawn` starts the
 //! helper instead, which says why on the command's stderr and ends as a command that could
 //! not run does.
 
 use std::ffi::OsString;
+use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::OnceLock;
 
 use super::Plan;
 use crate::sandbox::local::isolation::Identity;
@@ -69,6 +79,63 @@ pub(super) struct Joins {
     root: RawFd,
     own_network: bool,
     drop_to: Option<Identity>,
+}
+
+/// Whether this process's command line is hidden from what the kernel shows of it (see the
+/// module's comment): tried once, as a direct entry's first start needs it.
+pub(in crate::sandbox::local) fn command_line_hidden() -> bool {
+    static HIDDEN: OnceLock<bool> = OnceLock::new();
+    *HIDDEN.get_or_init(|| hide_command_line().is_ok())
+}
+
+/// Overwrites this process's arguments where the kernel keeps them, the memory
+/// `/proc/self/cmdline` reads, with a title of the program's file name and its first argument
+/// where that is a plain word (a subcommand), padded with NULs. Nothing here reads the
+/// arguments after the start (std's `env::args` would read the title now).
+fn hide_command_line() -> io::Result<()> {
+    let mut args = std::env::args_os();
+    let mut title = args
+        .next()
+        .as_deref()
+        .and_then(|p| Path::new(p).file_name())
+        .map_or_else(|| b"wmo-e2b".to_vec(), |n| n.as_bytes().to_vec());
+    if let Some(sub) = args.next() {
+        let sub = sub.as_bytes();
+        if !sub.is_empty() && sub.iter().all(|b| b.is_ascii_lowercase() || *b == b'-') {
+            title.push(0);
+            title.extend_from_slice(sub);
+        }
+    }
+    let (start, end) = argument_area()?;
+    let len = end - start;
+    // SAFETY: [start, end) is this process's argument area, which the kernel wrote on its
+    // stack at the exec and which stays mapped and writable for its life; nothing else here
+    // reads it once the start is over.
+    let area = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, len) };
+    let shown = title.len().min(len - 1);
+    area[..shown].copy_from_slice(&title[..shown]);
+    // The last byte stays a NUL, or the kernel reads on into the environment
+    // (setproctitle's way).
+    area[shown..].fill(0);
+    Ok(())
+}
+
+/// Where the kernel keeps this process's arguments: `arg_start` and `arg_end` of
+/// `/proc/self/stat` (its fields 48 and 49, which it shows a process for itself).
+fn argument_area() -> io::Result<(usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let bad = || io::Error::other("/proc/self/stat shows no argument area");
+    // Fields from the third on follow the command name's closing parenthesis.
+    let after_name = stat.rsplit_once(')').ok_or_else(bad)?.1;
+    let mut fields = after_name.split_whitespace().skip(48 - 3);
+    let mut next =
+        || -> io::Result<usize> { fields.next().and_then(|f| f.parse().ok()).ok_or_else(bad) };
+    let (start, end) = (next()?, next()?);
+    // At least a byte, and at most 2 MiB, a bound of ours (past it, the helper's way).
+    if start == 0 || end <= start || end - start > 2 << 20 {
+        return Err(bad());
+    }
+    Ok((start, end))
 }
 
 impl Entry {
