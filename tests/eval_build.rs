@@ -14,12 +14,7 @@ use support::{results_in, text, Env};
 
 /// Image roots take an id range of the sandbox's own, which only root gets.
 fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() == 0 };
-    if !root {
-        eprintln!("not root: sandboxes have no id range of their own, and so no image root");
-    }
-    root
+    support::is_root("sandboxes have no id range of their own, and so no image root")
 }
 
 fn dataset() -> PathBuf {

@@ -485,9 +485,7 @@ fn empty_dir_replaces_whatever_a_task_left_without_following_it() {
 /// and already holds no privilege it could regain. (Without root the helper starts it.)
 #[test]
 fn a_command_is_our_own_child_in_the_sandbox_with_nothing_to_regain() {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("not root: commands start through the helper");
+    if !support::is_root("commands start through the helper") {
         return;
     }
     let (_d, b) = backend();
@@ -535,9 +533,7 @@ fn a_command_is_our_own_child_in_the_sandbox_with_nothing_to_regain() {
 /// the host starts hundreds of commands, never reads either of ours.
 #[test]
 fn a_task_never_reads_the_host_memory_a_starting_command_shares() {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("not root: commands start through the helper");
+    if !support::is_root("commands start through the helper") {
         return;
     }
     // Set by cargo and nextest for every test process, and by nothing in a sandbox; and the

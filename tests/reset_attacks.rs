@@ -126,9 +126,7 @@ fn task_namespaces(sb: &dyn Sandbox) -> String {
 /// kind of object there gets a fresh one, and the next task finds nothing either way.
 #[test]
 fn a_reset_keeps_a_task_namespace_only_when_it_is_proven_empty() {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: only root's sandboxes sweep their task namespace");
+    if !support::is_root("only root's sandboxes sweep their task namespace") {
         return;
     }
     let (_state, b) = backend();

@@ -17,12 +17,7 @@ use support::wait_for;
 /// Without root, sandboxes map the caller's own uid (one range per host user): no ranges to
 /// test, which is said.
 fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() == 0 };
-    if !root {
-        eprintln!("not root: sandboxes map the caller's own uid, and have no range of their own");
-    }
-    root
+    support::is_root("sandboxes map the caller's own uid, and have no range of their own")
 }
 
 /// The host uid of the only running process named `marker` (its launcher, outside, only

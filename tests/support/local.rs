@@ -147,10 +147,5 @@ pub fn busybox_image(dir: &Path, id: &str) -> ImageRoot {
 /// Whether sandboxes here can run on image roots: they take an id range of their own, which
 /// only root gets (said when not).
 pub fn image_roots_available() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() == 0 };
-    if !root {
-        eprintln!("not root: sandboxes have no id range of their own, and so no image root");
-    }
-    root
+    super::is_root("sandboxes have no id range of their own, and so no image root")
 }

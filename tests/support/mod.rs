@@ -222,6 +222,16 @@ pub fn proc_pids() -> Vec<u32> {
         .collect()
 }
 
+/// Whether this test runs as root; when not, says on stderr why the caller skips (`why`).
+pub fn is_root(why: &str) -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let root = unsafe { libc::geteuid() == 0 };
+    if !root {
+        eprintln!("not root: {why}");
+    }
+    root
+}
+
 /// Whether a host process is alive, zombies excluded.
 pub fn pid_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {

@@ -12,6 +12,7 @@ use std::io;
 
 use super::isolation::Identity;
 use super::seccomp;
+use super::sys::check;
 
 /// Turns this process, inside its sandbox, into the command about to be exec'd. On failure,
 /// what to say on stderr (the errno of the failed call is still set).
@@ -58,9 +59,9 @@ unsafe fn drop_privileges(drop_to: Option<Identity>) -> io::Result<()> {
             Some(g) => (1usize, g as *const libc::gid_t),
             None => (0, std::ptr::null()),
         };
-        raw(libc::syscall(libc::SYS_setgroups, count, list))?;
-        raw(libc::syscall(libc::SYS_setresgid, uid, uid, uid))?;
-        raw(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
+        check(libc::syscall(libc::SYS_setgroups, count, list))?;
+        check(libc::syscall(libc::SYS_setresgid, uid, uid, uid))?;
+        check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
     }
     set_capabilities(0)?;
     check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
@@ -99,7 +100,7 @@ pub(super) unsafe fn set_capabilities(keep: u32) -> io::Result<()> {
         },
         none,
     ];
-    raw(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()))
+    check(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()))
 }
 
 /// Brings up the loopback device of a new network namespace (it starts down).
@@ -119,20 +120,4 @@ unsafe fn loopback_up() -> io::Result<()> {
     }
     libc::close(sock);
     result
-}
-
-pub(super) fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-fn raw(rc: libc::c_long) -> io::Result<()> {
-    if rc == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }

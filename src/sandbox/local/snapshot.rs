@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::sys::check;
+
 /// Files a sealed copy may hold at most; a home bigger than this is not worth copying back.
 const MAX_SEALED_ENTRIES: usize = 10_000;
 /// The longest path, in bytes below the copied directory, that a sealed copy or a listing
@@ -303,14 +305,6 @@ fn xattr_names(path: &CString) -> io::Result<Vec<CString>> {
 
 fn c_path(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)
-}
-
-fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 pub(super) fn first_difference(want: &[Entry], got: &[Entry]) -> String {

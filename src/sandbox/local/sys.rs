@@ -377,6 +377,15 @@ pub(super) fn end_launched(pid: u32, start_time: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// A system call's result, `-1` being its failure (an `int`, or `syscall`'s `long`).
+pub(super) fn check(rc: impl Into<libc::c_long>) -> io::Result<()> {
+    if rc.into() == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// Whether `pid` lives in this process's PID namespace (not inside a sandbox's).
 pub(super) fn in_our_pid_namespace(pid: u32) -> bool {
     let ns = |of: &str| std::fs::read_link(format!("/proc/{of}/ns/pid")).ok();

@@ -4,10 +4,10 @@
 //! between its fork and its exec. Done there in this process (std's `pre_exec`), every start
 //! would be a full `fork()` of a process with many threads, whose page tables the kernel
 //! copies; a cheap start (see `spawn`) copies nothing but runs raw system calls alone in the
-//! child, which suffices for a command as root (`spawn::Entry`). What takes more (mounting an image,
-//! handing fds to bwrap, sweeping a namespace, watching a sandbox), and a command that could
-//! not be started that way, goes through a helper: this program again (`/proc/self/exe`),
-//! started cheaply, with a request on its command line. A hook that runs
+//! child, which suffices for a command as root (`spawn::Entry`). What takes more (mounting
+//! an image, handing fds to bwrap, sweeping a namespace, watching a sandbox), and a command
+//! that could not be started that way, goes through a helper: this program again
+//! (`/proc/self/exe`), started cheaply, with a request on its command line. A hook that runs
 //! before `main` in every program linking this library (the CLI and every test binary)
 //! spots the request, carries it out, and never returns to `main`.
 //!

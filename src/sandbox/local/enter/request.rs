@@ -148,10 +148,11 @@ impl Request<'_> {
 
 /// An `Enter` as a direct entry (see `spawn::Entry`), with the holder's namespaces opened
 /// here; none where they cannot be (the holder gone: the helper then says so), none while
-/// this process's command line shows (see `spawn::entry`), and none without root. Until its exec the command shares this process's memory, credentials of the
-/// host's included: only a command that becomes another user (root's drop to the sandbox's)
-/// can be kept from every process of the sandbox then (see `spawn::entry`); in a user
-/// namespace it already is their user, and the helper's own memory is all it could show.
+/// this process's command line shows (see `spawn::entry`), and none without root. Until its
+/// exec the command shares this process's memory, credentials of the host's included: only
+/// a command that becomes another user (root's drop to the sandbox's) can be kept from every
+/// process of the sandbox then (see `spawn::entry`); in a user namespace it already is their
+/// user, and the helper's own memory is all it could show.
 fn direct_entry(request: &Request) -> Option<Entry> {
     let Request::Enter {
         holder,

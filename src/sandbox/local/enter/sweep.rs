@@ -16,7 +16,8 @@ use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 
 use super::helper::{cannot_enter, fail, gone, launcher, Failure, Never, Opened, CANNOT_ENTER};
-use crate::sandbox::local::pre_exec::{check, set_capabilities};
+use crate::sandbox::local::pre_exec::set_capabilities;
+use crate::sandbox::local::sys::check;
 
 /// The exit status of a sweep that could not prove every task process gone.
 const SWEEP_UNPROVEN: i32 = 3;
