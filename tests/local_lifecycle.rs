@@ -19,7 +19,7 @@ use wmo_e2b::sandbox::{
 mod support;
 
 use support::local::*;
-use support::{eventually, pid_alive};
+use support::{eventually, pid_alive, session_of};
 
 #[test]
 fn open_sweeps_what_another_process_left_expired() {
@@ -631,9 +631,11 @@ fn process_records_live_on_a_tmpfs_and_go_with_their_sandbox() {
 }
 
 /// Nothing of a sandbox outlives its `meta.json` for long, even with no wmo-e2b process left
-/// to kill it: the watcher leading each holder's session (and slirp4netns's) kills it.
+/// to kill it: the watcher leading the sandbox holder's session kills it, and with its PID 1
+/// goes every process of its namespace (the task holder's session and slirp4netns, as root,
+/// live there; without root the task holder has a watcher of its own).
 #[test]
-fn a_sandbox_whose_directory_vanishes_is_ended_by_its_watchers() {
+fn a_sandbox_whose_directory_vanishes_ends_with_every_process_of_it() {
     let (state, b) = backend();
     // A network of its own where the host allows one: slirp4netns has a watcher too.
     let own = wmo_e2b::sandbox::local::network_unavailable(Default::default()).is_none();
@@ -643,10 +645,10 @@ fn a_sandbox_whose_directory_vanishes_is_ended_by_its_watchers() {
     };
     let sb = b.create(&CreateSpec { network, ..spec() }).unwrap();
     let dir = state.path().join("sandboxes").join(sb.id());
-    let init = |name: &str| -> Option<u32> {
+    let record = |name: &str, field: &str| -> Option<u32> {
         let text = std::fs::read(dir.join("ns").join(name)).ok()?;
         let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
-        u32::try_from(v["init"].as_u64()?).ok()
+        u32::try_from(v[field].as_u64()?).ok()
     };
     let system = SpawnOpts {
         role: Role::System,
@@ -654,17 +656,34 @@ fn a_sandbox_whose_directory_vanishes_is_ended_by_its_watchers() {
     };
     let runner = sb.spawn("sleep 300", &system).unwrap();
     let task = sb.spawn("sleep 301", &SpawnOpts::default()).unwrap();
-    let mut pids = vec![runner.pid, task.pid];
-    pids.extend(init("sandbox.json"));
-    pids.extend(init("task.json"));
-    // slirp4netns and its watcher, where the sandbox has a network of its own.
-    pids.extend(running("slirp4netns").into_iter().filter(|&p| {
-        std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
-            c.split('\0')
-                .any(|a| init("sandbox.json") == a.parse().ok())
+    // slirp4netns, where the sandbox has a network of its own: a session of its own.
+    let slirp: Vec<u32> = running("slirp4netns")
+        .into_iter()
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                c.split('\0')
+                    .any(|a| record("sandbox.json", "init") == a.parse().ok())
+            })
         })
-    }));
-    assert_eq!(pids.len(), if own { 6 } else { 4 }, "{pids:?}");
+        .collect();
+    assert_eq!(slirp.len(), usize::from(own), "{slirp:?}");
+    // Every process of each holder's session (its watcher, its bwraps, its PID 1 and what
+    // that runs) and of slirp4netns's, wherever it lives.
+    let sessions: Vec<u32> = ["sandbox.json", "task.json"]
+        .iter()
+        .filter_map(|f| record(f, "group"))
+        .chain(slirp.iter().copied())
+        .collect();
+    assert_eq!(sessions.len(), 2 + usize::from(own), "{sessions:?}");
+    let mut pids = vec![runner.pid, task.pid];
+    for session in &sessions {
+        let members = support::proc_pids()
+            .into_iter()
+            .filter(|&p| session_of(p) == Some(*session))
+            .collect::<Vec<_>>();
+        assert!(!members.is_empty(), "session {session} has no process");
+        pids.extend(members);
+    }
     assert!(pids.iter().all(|&p| pid_alive(p)));
 
     std::fs::remove_file(dir.join("meta.json")).unwrap();

@@ -52,7 +52,7 @@ fn abstract_connect(name: &str) -> String {
 
 #[test]
 fn internet_reaches_nothing_of_the_host_but_has_a_default_route() {
-    let (_d, b) = backend();
+    let (state, b) = backend();
     let Some(sb) = internet_sandbox(&b) else {
         return;
     };
@@ -108,22 +108,35 @@ fn internet_reaches_nothing_of_the_host_but_has_a_default_route() {
         "no default route off loopback: {route}"
     );
     // Killing the sandbox ends its network stack too.
-    let stack = || network_stack_of(sb.id());
-    assert!(!stack().is_empty(), "no slirp4netns for {}", sb.id());
+    let stack = network_stack_of(state.path(), sb.id());
+    assert!(!stack.is_empty(), "no slirp4netns for {}", sb.id());
     wmo_e2b::sandbox::Backend::kill(&*b, sb.id()).unwrap();
     wait_for("the network stack to end", Duration::from_secs(10), || {
-        stack().into_iter().all(|p| !pid_alive(p))
+        stack.iter().all(|&p| !pid_alive(p))
     });
 }
 
-/// The live slirp4netns processes (and their launchers) of sandbox `id`.
-fn network_stack_of(id: &str) -> Vec<u32> {
+/// The live slirp4netns processes of sandbox `id`: attached to its holder's PID 1 by pid.
+fn network_stack_of(state: &std::path::Path, id: &str) -> Vec<u32> {
+    let record = state
+        .join("sandboxes")
+        .join(id)
+        .join("ns")
+        .join("sandbox.json");
+    let Some(init) = std::fs::read(record)
+        .ok()
+        .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r).ok())
+        .and_then(|v| v["init"].as_u64())
+    else {
+        return Vec::new();
+    };
     proc_pids()
         .into_iter()
         .filter(|p| {
             let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline);
-            (cmdline.contains("slirp4netns") && cmdline.contains(id)) && pid_alive(*p)
+            let mut args = cmdline.split(|&b| b == 0);
+            let slirp = args.next().is_some_and(|a| a.ends_with(b"slirp4netns"));
+            slirp && args.any(|a| a == init.to_string().as_bytes()) && pid_alive(*p)
         })
         .collect()
 }

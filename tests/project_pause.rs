@@ -228,6 +228,10 @@ fn an_idle_project_pauses_instead_of_dying_on_e2b() {
 fn reap_leaves_a_paused_project_alone(on: On) {
     let demo = Demo::new(on, &[]);
     demo.exec(START_LOOP);
+    // Running before the pause, or its survival proves nothing.
+    wait_for("the loop's first stamps", Duration::from_secs(10), || {
+        demo.stamps().len() >= 2
+    });
     demo.pause(&[]);
     let o = demo.cli(&["reap", "--json", "--backend", demo.backend()]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));

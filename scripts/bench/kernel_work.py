@@ -10,7 +10,7 @@ close left out.
 - host CPU: each run in a cgroup v1 cpuacct group of its own (as root), whose usage counts
   every process in it and in the sandboxes' cgroups nested under it.
 - kernel tasks per idle sandbox: every thread on the machine while one `-j 1` task waits on
-  its model, less those before the run and the `wmo-e2b` process's own.
+  its model, less those before the run and the `wmo-e2b` process's own, and by program.
 Needs root, strace and cgroup v1's cpuacct (the CPU part is skipped without them).
 
     cargo build --release
@@ -91,9 +91,18 @@ def machine_threads():
     return out
 
 
+def command_name(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
 def idle_sandbox_tasks(binary, work, env):
     """Kernel tasks one sandbox holds while its task waits on the model (4 s): the threads of
-    every process that was not there before the run, but the `wmo-e2b` process's own."""
+    every process that was not there before the run, but the `wmo-e2b` process's own; and
+    how many of them each program holds (`node` is the runner: between tasks it is gone)."""
     path = tasks(work, 1)
     line = json.loads(open(path).readline())
     line["model_script"][0]["delay_ms"] = 4000
@@ -104,8 +113,13 @@ def idle_sandbox_tasks(binary, work, env):
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(2.5)
     during = machine_threads()
+    held = {pid: n for pid, n in during.items() if pid not in before and pid != run.pid}
+    by_program = {}
+    for pid, n in held.items():
+        name = command_name(pid)
+        by_program[name] = by_program.get(name, 0) + n
     run.wait()
-    return sum(n for pid, n in during.items() if pid not in before and pid != run.pid)
+    return sum(held.values()), dict(sorted(by_program.items()))
 
 
 def main():
@@ -131,7 +145,8 @@ def main():
                           "cpu_s": [round(s, 3), round(l, 3)], "jobs": a.jobs}))
     else:
         print(json.dumps({"host_cpu_ms_per_task": None, "why": "needs root and cgroup v1 cpuacct"}))
-    print(json.dumps({"kernel_tasks_per_idle_sandbox": idle_sandbox_tasks(a.bin, work, env)}))
+    total, by_program = idle_sandbox_tasks(a.bin, work, env)
+    print(json.dumps({"kernel_tasks_per_idle_sandbox": total, "by_program": by_program}))
 
 
 if __name__ == "__main__":

@@ -242,6 +242,14 @@ pub fn pid_alive(pid: u32) -> bool {
     })
 }
 
+/// The session `pid` belongs to, as this process's PID namespace numbers it.
+pub fn session_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    // State, ppid, process group, session.
+    rest.split_whitespace().nth(3)?.parse().ok()
+}
+
 /// A local backend on `state` and a sandbox of it that lives two minutes at most.
 pub fn local_sandbox(state: &Path) -> (Arc<LocalBackend>, Arc<dyn Sandbox>) {
     let backend = LocalBackend::open(state).unwrap();

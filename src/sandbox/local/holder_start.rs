@@ -1,11 +1,13 @@
 //! Starting a namespace holder (see `ns`).
 //!
-//! Holders are started with `setsid --fork`, so they belong to no wmo-e2b process and outlive
-//! the command that made them (a project's sandbox does). Each is recorded before its
-//! namespace is used. A holder is a session of its own, led by a small watcher on the host
-//! that kills the whole session once the sandbox's `meta.json` is gone (the sandbox killed,
-//! or its state directory deleted under it), so a holder never outlives its sandbox for long
-//! even when no wmo-e2b process is left to kill it.
+//! Holders are sessions of their own, children of no wmo-e2b process, so they outlive the
+//! command that made them (a project's sandbox does). Each is recorded before its namespace
+//! is used. A sandbox holder is started with `setsid --fork`, led by a small watcher on the
+//! host that kills the whole session once the sandbox's `meta.json` is gone (the sandbox
+//! killed, or its state directory deleted under it), so a holder never outlives its sandbox
+//! for long even when no wmo-e2b process is left to kill it. As root, a task holder is
+//! started inside the sandbox holder's PID namespace (see `enter::lead`) and needs no
+//! watcher: it dies with that namespace. Without root it has a watcher too.
 
 use std::ffi::OsString;
 use std::io;
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::admission;
 use super::cgroup::Cgroup;
 use super::enter::{
-    self, ImageMount, Request, HOST_ROOT_INSIDE, MAP_BLOCK_FD, QUEUES_AT, QUEUES_DIR,
+    self, ImageMount, Pass, Request, HOST_ROOT_INSIDE, MAP_BLOCK_FD, QUEUES_AT, QUEUES_DIR,
 };
 use super::id_range::PROBE_BASE;
 use super::image_root::Layer;
@@ -140,14 +142,26 @@ pub(super) fn start(
             opts.extend(["--unshare-user", "--userns-block-fd", &block_fd]);
         }
     }
-    // A nested holder's bwrap joins the parent's PID namespace (and user namespace) by the
-    // fds the helper hands it, and makes a PID namespace of its own inside.
+    // A nested holder's bwrap joins the user namespace by the fd the helper hands it, and
+    // makes a PID namespace of its own inside the parent's. As root the helper starts bwrap
+    // in the parent's PID namespace, so that all of the holder dies with the sandbox (see
+    // `enter::lead`); without root bwrap joins it itself, by fd.
+    let pass = match bwrap.is_root() {
+        true => Pass::Lead {
+            announce: 2,
+            own_proc: true,
+        },
+        false => Pass::Fds,
+    };
     match parent {
         Some(_) => {
             if user_namespace {
                 opts.extend(["--userns", JOINED_USER]);
             }
-            opts.extend(["--pidns", JOINED_PID, "--unshare-pid"]);
+            if pass == Pass::Fds {
+                opts.extend(["--pidns", JOINED_PID]);
+            }
+            opts.push("--unshare-pid");
         }
         None => {
             opts.extend(bwrap.holder_options());
@@ -175,9 +189,13 @@ pub(super) fn start(
     let mut args: Vec<OsString> = Vec::new();
     // `setsid --fork`: the holder is a session of its own, nobody's child here, and outlives
     // this process. Its leader watches the sandbox's `meta.json` (see `enter::watch`) and
-    // names the session on stderr first, so that a start given up on is killed whole.
-    args.extend([bwrap.setsid.clone().into_os_string(), "--fork".into()]);
-    args.extend(enter::watching(2, &sandbox_dir.join(META_FILE)));
+    // names the session on stderr first, so that a start given up on is killed whole. A
+    // nested holder that the helper leads inside its parent (as root) is named by the
+    // helper, and ends with its parent.
+    if parent.is_none() || pass == Pass::Fds {
+        args.extend([bwrap.setsid.clone().into_os_string(), "--fork".into()]);
+        args.extend(enter::watching(2, &sandbox_dir.join(META_FILE)));
+    }
     // As root with an id range, the first holder's bwrap makes the sandbox's user namespace,
     // which the helper maps for it (the watcher stays outside, to see `meta.json`).
     if let (None, Some(range), true) = (parent, ids, bwrap.is_root()) {
@@ -210,6 +228,7 @@ pub(super) fn start(
         Some(holder) => Request::Join {
             holder,
             user_namespace,
+            pass,
             image: match (image, ids) {
                 (Some((image, layer)), Some(range)) => Some(ImageMount {
                     rootfs: &image.rootfs,

@@ -10,7 +10,8 @@
 //! (`--disable-host-loopback`). Abstract unix sockets belong to a network namespace, so the
 //! host's are out of reach too, and `/proc/net` lists the namespace's sockets only.
 //! slirp4netns is recorded among the sandbox's processes (so a kill or a filesystem pause
-//! ends it) and joins its cgroups.
+//! ends it), joins its cgroups, and runs in the sandbox holder's PID namespace, so that it
+//! dies with the sandbox however the sandbox ends.
 //!
 //! Joining a namespace from the host takes privileges over it: this mode needs bwrap as
 //! root, not in a user namespace.
@@ -23,11 +24,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::cgroup::Cgroup;
-use super::enter;
+use super::enter::{Pass, Request};
 use super::isolation::{self, Bwrap, Isolation, IsolationChoice};
-use super::meta::{self, ProcRecord, META_FILE};
+use super::meta::{self, ProcRecord};
 use super::ns::Holder;
-use super::spawn::{Io, Spawn};
+use super::spawn::Io;
 use super::start_report::read_until;
 use super::sys;
 use crate::sandbox::Role;
@@ -75,13 +76,7 @@ pub(super) fn open(holder: &Holder) -> io::Result<OwnedFd> {
 /// returns once the namespace has its interface and default route.
 pub(super) fn attach(bwrap: &Bwrap, sandbox_dir: &Path, holder: &Holder) -> io::Result<()> {
     let tool = sys::program(TOOL);
-    // Led by a watcher, as a namespace holder is (see `enter::watch`): slirp4netns never
-    // outlives its sandbox for long, even when no wmo-e2b process is left to kill it. The
-    // watcher names its session (the process group a recorded process's kill signals) on
-    // stdout first.
-    let mut args: Vec<OsString> = vec!["--fork".into()];
-    args.extend(enter::watching(1, &sandbox_dir.join(META_FILE)));
-    args.extend([
+    let argv: [OsString; 7] = [
         tool.into_os_string(),
         "--configure".into(),
         "--mtu=65520".into(),
@@ -89,14 +84,22 @@ pub(super) fn attach(bwrap: &Bwrap, sandbox_dir: &Path, holder: &Holder) -> io::
         "--ready-fd=1".into(),
         holder.init.to_string().into(),
         "tap0".into(),
-    ]);
-    // `setsid --fork`: nobody's child here, a session (and process group) of its own.
-    let mut cmd = Spawn::new(&bwrap.setsid);
-    cmd.args(&args)
-        .env("PATH", &bwrap.path_env)
-        .stdin(Io::Null)
-        .stdout(Io::Piped)
-        .stderr(Io::Null);
+    ];
+    // Started inside the holder's PID namespace (in the host's network and files), as a
+    // session of its own whose leader the helper names on stdout first: slirp4netns dies
+    // with the sandbox's PID 1, even when no wmo-e2b process is left to kill it.
+    let request = Request::Join {
+        holder,
+        user_namespace: false,
+        pass: Pass::Lead {
+            announce: 1,
+            own_proc: false,
+        },
+        image: None,
+        argv: &argv,
+    };
+    let mut cmd = request.command(&[("PATH", &bwrap.path_env)]);
+    cmd.stdin(Io::Null).stdout(Io::Piped).stderr(Io::Null);
     if let Some(cgroup) = Cgroup::of(sandbox_dir) {
         cmd.join_cgroups(cgroup.procs_files()?);
     }

@@ -115,8 +115,17 @@ fn serve(args: &[OsString]) -> Result<Never, Failure> {
             exec(argv)
         }
         b"join" => {
-            let [holder, user, rootfs, layer, base, workdir, image_user, argv @ ..] = rest else {
+            let [holder, user, pass, rootfs, layer, base, workdir, image_user, argv @ ..] = rest
+            else {
                 return Err(bad());
+            };
+            // `fds`, or the fd the leader is named on, and `p` for a `/proc` of its own.
+            let lead = match pass.as_bytes() {
+                b"fds" => None,
+                [fd @ (b'1' | b'2'), own_proc @ ..] if matches!(own_proc, b"" | b"p") => {
+                    Some((fd - b'0', own_proc == b"p"))
+                }
+                _ => return Err(bad()),
             };
             let opened = open_holder(holder, user == "u", false)?;
             if rootfs != "-" {
@@ -130,11 +139,16 @@ fn serve(args: &[OsString]) -> Result<Never, Failure> {
                 })?;
             }
             only_stdio().map_err(cannot_enter)?;
-            hand_on(&opened.pid, JOINED_PID_FD)?;
             if let Some(u) = &opened.user {
                 hand_on(u, JOINED_USER_FD)?;
             }
-            exec(argv)
+            match lead {
+                Some((announce, own_proc)) => super::lead::lead(&opened, announce, own_proc, argv),
+                None => {
+                    hand_on(&opened.pid, JOINED_PID_FD)?;
+                    exec(argv)
+                }
+            }
         }
         b"enter" => {
             let [holder, user, drop_to, net, cwd, argv @ ..] = rest else {
@@ -263,7 +277,7 @@ fn hand_on(fd: &OwnedFd, number: RawFd) -> Result<(), Failure> {
 }
 
 /// Execs `argv` in this process, with this process's environment.
-fn exec(argv: &[OsString]) -> Result<Never, Failure> {
+pub(super) fn exec(argv: &[OsString]) -> Result<Never, Failure> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| cannot_enter("no program to run"))?;
@@ -458,11 +472,33 @@ mod tests {
 
     #[test]
     fn malformed_requests_are_refused() {
-        let malformed: [&[OsString]; 4] = [
+        // A join that says neither `fds` nor a stdio fd (with `p` at most) to name its
+        // session on, before anything is opened.
+        let join = |pass: &str| -> Vec<OsString> {
+            [
+                "join",
+                "1:2",
+                "-",
+                pass,
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "/bin/true",
+            ]
+            .map(OsString::from)
+            .to_vec()
+        };
+        let (bad_fd, bad_flag, empty) = (join("3"), join("2x"), join(""));
+        let malformed: [&[OsString]; 7] = [
             &[],
             &["enter".into()],
             &["join".into(), "x".into()],
             &["join".into(), "1:2:3".into(), "-".into()],
+            &bad_fd,
+            &bad_flag,
+            &empty,
         ];
         for args in malformed {
             let Err(f) = serve(args);

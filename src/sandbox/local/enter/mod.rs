@@ -21,15 +21,21 @@
 //!   into the sandbox (`spawn::Entry`, the same steps from the cheap start's child); this
 //!   request is what remains without root or wherever that cannot be, and says why on the
 //!   command's stderr.
-//! - **join**: open a holder's PID namespace (and user namespace) as fd 10 (and 11) and exec
-//!   the rest with them: a nested holder's bwrap, which joins them itself (`--pidns 10`);
-//!   for a sandbox with an image, first mount it as that holder's root (`image_mount`).
+//! - **join**: open a holder's PID namespace (and user namespace) and run the rest in it:
+//!   as root, the helper joins the PID namespace and starts the rest there as a session
+//!   whose leader it names (`lead`), which dies with the sandbox; without root it execs the
+//!   rest (a nested holder's bwrap) with the namespaces as fd 10 (and 11), for bwrap to join
+//!   itself (`--pidns 10`). A nested holder's bwrap always gets the user namespace as fd 11.
+//!   For a sandbox with an image, the helper first mounts it as that holder's root
+//!   (`image_mount`). slirp4netns is started the same way, into the sandbox holder's PID
+//!   namespace.
 //! - **plain**: exec the rest.
 //! - **map**: exec the rest (a sandbox's first holder's bwrap, as root with an id range)
 //!   with a child that maps the user namespace bwrap makes (`userns`, `id_range`). Started
 //!   by path from the holder's watcher, which stays the host's.
-//! - **watch**: lead the session of a sandbox's holder (or slirp4netns): run the rest, and
-//!   kill the session once the sandbox's `meta.json` is gone (`watch`).
+//! - **watch**: lead the session of a sandbox's holder (and, without root, of its task
+//!   holder): run the rest, and kill the session once the sandbox's `meta.json` is gone
+//!   (`watch`).
 //! - **sweep**: kill every process of a holder's PID namespace that is not root's, from
 //!   inside it, prove them gone, and look for what they left in the namespace (`sweep`).
 //!
@@ -43,11 +49,12 @@
 
 mod helper;
 mod image_mount;
+mod lead;
 mod request;
 mod sweep;
 mod userns;
 mod watch;
 
-pub(super) use request::{mapped, watching, ImageMount, Request};
+pub(super) use request::{mapped, watching, ImageMount, Pass, Request};
 pub(super) use sweep::{QUEUES_AT, QUEUES_DIR, SWEEP_LEFTOVERS};
 pub(super) use userns::{HOST_ROOT_INSIDE, MAP_BLOCK_FD};

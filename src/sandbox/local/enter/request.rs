@@ -24,11 +24,12 @@ pub(in crate::sandbox::local) enum Request<'a> {
         env: &'a [(String, String)],
         argv: &'a [&'a str],
     },
-    /// `argv` with the holder's PID namespace on fd `helper::JOINED_PID_FD` (and its user
-    /// namespace on `helper::JOINED_USER_FD`).
+    /// `argv` with the holder's PID namespace passed on as `pass` says (and its user
+    /// namespace on fd `helper::JOINED_USER_FD`).
     Join {
         holder: &'a Holder,
         user_namespace: bool,
+        pass: Pass,
         /// The image to mount as the holder's root first (see `image_mount`).
         image: Option<ImageMount<'a>>,
         argv: &'a [OsString],
@@ -38,6 +39,18 @@ pub(in crate::sandbox::local) enum Request<'a> {
     /// Kill every process in `holder`'s PID namespace that is not root's, from inside it,
     /// and prove them gone (as root only: there the holder's own processes are root's).
     Sweep { holder: &'a Holder },
+}
+
+/// How a `Join` passes a holder's PID namespace on to its program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::sandbox::local) enum Pass {
+    /// As fd `helper::JOINED_PID_FD`, for bwrap to join itself (`--pidns`): without root,
+    /// where only bwrap, once in the sandbox's user namespace, may join it.
+    Fds,
+    /// Joined by the helper (as root), which starts the program inside as a session of its
+    /// own and names the leader on fd `announce`, 1 or 2, with a `/proc` of that namespace
+    /// where `own_proc` (see `lead`).
+    Lead { announce: u8, own_proc: bool },
 }
 
 /// An unpacked image mounted, idmapped onto a sandbox's id range from `base`, beneath the
@@ -115,11 +128,18 @@ impl Request<'_> {
             Request::Join {
                 holder,
                 user_namespace,
+                pass,
                 image,
                 argv,
             } => {
                 args.extend(["join".into(), holder_arg(holder)]);
                 args.push(flag(*user_namespace, "u").into());
+                args.push(match pass {
+                    Pass::Fds => "fds".into(),
+                    Pass::Lead { announce, own_proc } => {
+                        format!("{announce}{}", if *own_proc { "p" } else { "" }).into()
+                    }
+                });
                 match image {
                     Some(i) => args.extend([
                         i.rootfs.as_os_str().to_owned(),

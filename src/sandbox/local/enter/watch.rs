@@ -1,5 +1,5 @@
 //! The watch request's side in the helper: the leader of a session that holds a sandbox's
-//! namespace (or its slirp4netns), started by `setsid --fork`. It names its session, starts
+//! namespace, started by `setsid --fork`. It names its session, starts
 //! the program it watches, lets go of the caller's pipes, and kills the whole session once
 //! the sandbox's `meta.json` is gone (the sandbox killed, or its state directory deleted
 //! under it), so that nothing of a sandbox outlives it for long even when no wmo-e2b process
@@ -8,24 +8,20 @@
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::RawFd;
-use std::os::unix::process::CommandExt;
-use std::process::Command;
 use std::time::Duration;
 
-use super::helper::{cannot_enter, fail, Failure, Never};
+use super::helper::{cannot_enter, exec, Failure, Never};
 
 /// How often the watcher looks for `meta.json`: a `stat` each time.
 const LOOK_EVERY: Duration = Duration::from_secs(2);
-/// The exit status of a watched program that could not be run, as a shell's.
-const CANNOT_RUN: libc::c_int = 127;
 
 /// Writes `session <pid>` on `announce` (its own pid: `setsid` made it the session's leader,
 /// so a start given up on can be killed whole), then runs `argv` with every fd it was given
 /// and watches `meta`.
 pub(super) fn watch(announce: RawFd, meta: &OsStr, argv: &[OsString]) -> Result<Never, Failure> {
-    let (program, args) = argv
-        .split_first()
-        .ok_or_else(|| cannot_enter("no program to watch"))?;
+    if argv.is_empty() {
+        return Err(cannot_enter("no program to watch"));
+    }
     let line = format!("session {}\n", std::process::id());
     // SAFETY: write(2) from a buffer we own; this process is the helper, single-threaded, so
     // its child may allocate before its exec.
@@ -41,11 +37,9 @@ pub(super) fn watch(announce: RawFd, meta: &OsStr, argv: &[OsString]) -> Result<
                 "cannot start the watched program: {}",
                 io::Error::last_os_error()
             ))),
-            0 => {
-                let err = Command::new(program).args(args).exec();
-                let why = format!("wmo-e2b: cannot run {}: {err}\n", program.to_string_lossy());
-                fail(why.as_bytes(), CANNOT_RUN)
-            }
+            // The child ends as the helper does, by returning (it is the helper's only
+            // thread).
+            0 => exec(argv),
             _ => watcher(meta),
         }
     }
