@@ -329,7 +329,9 @@ fn the_sweep_pauses_what_nobody_watched_past_its_deadline() {
         let sb = create_local(
             &b,
             CreateSpec {
-                timeout_secs: 1,
+                // Room for the first commands before it, even where a start is slow
+                // (without root, in a user namespace).
+                timeout_secs: 3,
                 on_timeout: OnTimeout::Pause(PauseKind::Filesystem),
                 ..spec()
             },
@@ -341,7 +343,7 @@ fn the_sweep_pauses_what_nobody_watched_past_its_deadline() {
         // The backend (and its watcher) goes; the sandbox stays, as after a CLI command.
     }
     // Past the deadline, which is rounded up to a whole second.
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(4500));
     assert_eq!(running(&counter).len(), 1, "died with its backend");
     let b = LocalBackend::open(state.path()).unwrap();
     assert!(dir.exists(), "killed instead of paused");
