@@ -630,6 +630,35 @@ fn process_records_live_on_a_tmpfs_and_go_with_their_sandbox() {
     assert!(!records.exists(), "the records outlived their sandbox");
 }
 
+/// The sandbox's PID 1 is this program's own, holds nothing a process of the sandbox may
+/// read, and reaps what the sandbox orphans: a background process whose shell has exited
+/// leaves no zombie behind.
+#[test]
+fn the_sandboxs_pid_1_is_ours_and_reaps_its_orphans() {
+    let (_d, b) = backend();
+    let sb = create(&b);
+    let system = RunOpts {
+        role: Role::System,
+        ..RunOpts::default()
+    };
+    let run = |cmd: &str| sb.run(cmd, &system).unwrap().stdout.to_text();
+    assert_eq!(
+        run("tr '\\0' ' ' < /proc/1/cmdline"),
+        "/run/wmo-e2b/init --wmo-e2b-sandbox-helper init "
+    );
+    assert_eq!(
+        run("cat /proc/1/environ >/dev/null 2>&1 || echo refused"),
+        "refused\n"
+    );
+    // Orphans that exit at once, and one that outlives its shell by a moment.
+    run("for i in 1 2 3; do (sleep 0.0$i &); done; (sleep 0.3 &); echo started");
+    let zombies = "n=0; for s in /proc/[0-9]*/stat; do \
+                   case \"$(cut -d')' -f2 \"$s\" 2>/dev/null)\" in ' Z'*) n=$((n+1));; esac; \
+                   done; echo $n";
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(run(zombies), "0\n", "an orphan was left unreaped");
+}
+
 /// Nothing of a sandbox outlives its `meta.json` for long, even with no wmo-e2b process left
 /// to kill it: the watcher leading the sandbox holder's session kills it, and with its PID 1
 /// goes every process of its namespace (the task holder's session and slirp4netns, as root,

@@ -37,6 +37,9 @@ use crate::sync::lock;
 /// pipes and is seen at once, so this bounds only one that hangs, and a start on a host
 /// busy with others (see `admission`) is slow, not failed.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// Where a sandbox holder finds this program, to run as its PID 1.
+const INIT_DIR: &str = "/run/wmo-e2b";
+const INIT_AT: &str = "/run/wmo-e2b/init";
 /// How long the watcher's first line may take once the start is given up on.
 const SESSION_LINE_WAIT: Duration = Duration::from_secs(2);
 /// The fds a nested holder's bwrap finds its parent's namespaces on (see `enter`).
@@ -178,7 +181,21 @@ pub(super) fn start(
         root: merged.as_deref(),
         ..*binds
     };
+    // The sandbox's own PID 1 is this program (see `enter::init`), in place of bwrap's and
+    // the `sleep` it would wait on: one process fewer per sandbox. Bound in read-only by
+    // path (a binary deleted since this process started cannot be), under a directory only
+    // the holder's user may enter (root's, as root).
+    let own_init = parent.is_none();
+    if own_init {
+        opts.push("--as-pid-1");
+    }
     let mut line = bwrap.command_line(&binds, space.role(), &opts);
+    if own_init {
+        let exe = std::env::current_exe()?;
+        line.push(["--perms", "0700", "--dir", INIT_DIR, "--ro-bind"]);
+        line.path(&exe);
+        line.push([INIT_AT]);
+    }
     // A task namespace that a sweep may prove empty shows the sweep its message queues (see
     // `enter::sweep`), in a directory only root may enter: its task processes are not root.
     if parent.is_some() && bwrap.is_root() && image.is_none() {
@@ -217,13 +234,16 @@ pub(super) fn start(
     // The holder says `ready` once it runs, which is after bwrap has finished the namespace's
     // mounts: bwrap reports its pid before that, and a command that entered the namespace
     // earlier would find it half built.
-    args.extend([
-        "--".into(),
-        "sh".into(),
-        "-c".into(),
-        // Its stdout is bwrap's report channel, which bwrap closes in the sandbox.
-        "echo ready >&2; exec sleep infinity".into(),
-    ]);
+    args.push("--".into());
+    match own_init {
+        true => args.extend(enter::init(INIT_AT)),
+        false => args.extend([
+            "sh".into(),
+            "-c".into(),
+            // Its stdout is bwrap's report channel, which bwrap closes in the sandbox.
+            "echo ready >&2; exec sleep infinity".into(),
+        ]),
+    }
     let request = match parent {
         Some(holder) => Request::Join {
             holder,

@@ -2,8 +2,9 @@
 //!
 //! A sandbox has two: the *sandbox* namespace, which every [`Role::System`] process (the
 //! runner) joins, and inside it the *task* namespace, which every [`Role::Task`] process
-//! joins. Each is held open by a holder: a bwrap whose PID 1 (bwrap's own reaper) waits with
-//! a `sleep` and adopts whatever the sandbox orphans. Killing a namespace's PID 1 makes the
+//! joins. Each is held open by a holder: a bwrap whose PID 1 adopts and reaps whatever the
+//! sandbox orphans (this program's `init` for the sandbox namespace, bwrap's own reaper
+//! waiting with a `sleep` for the task namespace). Killing a namespace's PID 1 makes the
 //! kernel kill every process in it (and in namespaces nested in it), however they detached,
 //! and PID 1 is not gone until they all are: that is what makes "every process this task
 //! started is dead" provable. `reset` kills the task namespace and starts a new one, unless

@@ -173,6 +173,10 @@ fn serve(args: &[OsString]) -> Result<Never, Failure> {
             };
             super::watch::watch(announce, meta, argv)
         }
+        b"init" => match rest {
+            [] => super::init::init(),
+            _ => Err(bad()),
+        },
         b"sweep" => {
             let [holder] = rest else {
                 return Err(bad());

@@ -36,6 +36,7 @@
 //! - **watch**: lead the session of a sandbox's holder (and, without root, of its task
 //!   holder): run the rest, and kill the session once the sandbox's `meta.json` is gone
 //!   (`watch`).
+//! - **init**: be a sandbox namespace's PID 1: say ready, then reap forever (`init`).
 //! - **sweep**: kill every process of a holder's PID namespace that is not root's, from
 //!   inside it, prove them gone, and look for what they left in the namespace (`sweep`).
 //!
@@ -49,12 +50,13 @@
 
 mod helper;
 mod image_mount;
+mod init;
 mod lead;
 mod request;
 mod sweep;
 mod userns;
 mod watch;
 
-pub(super) use request::{mapped, watching, ImageMount, Pass, Request};
+pub(super) use request::{init, mapped, watching, ImageMount, Pass, Request};
 pub(super) use sweep::{QUEUES_AT, QUEUES_DIR, SWEEP_LEFTOVERS};
 pub(super) use userns::{HOST_ROOT_INSIDE, MAP_BLOCK_FD};

@@ -79,6 +79,12 @@ pub(in crate::sandbox::local) fn mapped(program: &std::path::Path, base: u32) ->
     ]
 }
 
+/// The command line of a sandbox's PID 1 (see `init`): this program, at `path` inside.
+pub(in crate::sandbox::local) fn init(path: &str) -> [OsString; 3] {
+    std::hint::black_box(&HELPER_HOOK);
+    [path.into(), REQUEST.into(), "init".into()]
+}
+
 /// The start of a `setsid --fork` command line that runs `argv` (appended after it) under
 /// a watcher: this program as the helper, which names its session on fd `announce` (1 or
 /// 2), and kills the session once `meta` (a sandbox's `meta.json`) is gone. This program by
