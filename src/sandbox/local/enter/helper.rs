@@ -450,8 +450,23 @@ fn only_stdio() -> io::Result<()> {
     Ok(())
 }
 
+/// Points stdio at `/dev/null` (closes it where that cannot be opened): a process that lives
+/// on then holds none of its caller's pipes open.
+pub(super) unsafe fn stdio_to_null() {
+    let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+    for fd in 0..3 {
+        match null {
+            -1 => libc::close(fd),
+            null => libc::dup2(null, fd),
+        };
+    }
+    if null > 2 {
+        libc::close(null);
+    }
+}
+
 /// Closes every fd from `first` up.
-unsafe fn close_from(first: libc::c_uint) {
+pub(super) unsafe fn close_from(first: libc::c_uint) {
     if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) == 0 {
         return;
     }

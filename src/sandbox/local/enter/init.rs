@@ -4,7 +4,7 @@
 //! then on only reaps: whatever the sandbox orphans is its child. Its memory holds nothing of
 //! the host's, and it is not dumpable, so no process of the sandbox can trace or read it.
 
-use super::helper::{Failure, Never};
+use super::helper::{close_from, stdio_to_null, Failure, Never};
 
 extern "C" fn on_child(_: libc::c_int) {}
 
@@ -16,14 +16,8 @@ pub(super) fn init() -> Result<Never, Failure> {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         let ready = b"ready\n";
         libc::write(2, ready.as_ptr().cast(), ready.len());
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        for fd in 0..3 {
-            match null {
-                -1 => libc::close(fd),
-                null => libc::dup2(null, fd),
-            };
-        }
-        libc::syscall(libc::SYS_close_range, 3, libc::c_uint::MAX, 0);
+        stdio_to_null();
+        close_from(3);
         // SIGCHLD is handled (a PID 1 gets no signal it leaves at its default) and blocked
         // but while waiting for it, so that no exit slips between a reap and the wait.
         libc::signal(libc::SIGCHLD, on_child as *const () as libc::sighandler_t);

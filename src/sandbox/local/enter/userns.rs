@@ -11,7 +11,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use super::helper::{cannot_enter, Failure};
+use super::helper::{cannot_enter, stdio_to_null, Failure};
 use crate::sandbox::local::isolation::RANGE_SIZE;
 use crate::sandbox::local::sys;
 
@@ -45,10 +45,7 @@ pub(super) fn map_for_bwrap(base: u32) -> Result<(), Failure> {
             0 => {
                 libc::close(MAP_BLOCK_FD);
                 // bwrap's report and complaints are read until they end: none held here.
-                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-                for fd in 0..3 {
-                    libc::dup2(null, fd);
-                }
+                stdio_to_null();
                 let bwrap = libc::getppid() as u32;
                 let mapped = map_child_of(bwrap, base);
                 // Written either way: a bwrap whose namespace could not be mapped then fails

@@ -10,7 +10,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-use super::helper::{cannot_enter, exec, Failure, Never};
+use super::helper::{cannot_enter, close_from, exec, stdio_to_null, Failure, Never};
 
 /// How often the watcher looks for `meta.json`: a `stat` each time.
 const LOOK_EVERY: Duration = Duration::from_secs(2);
@@ -50,11 +50,8 @@ pub(super) fn watch(announce: RawFd, meta: &OsStr, argv: &[OsString]) -> Result<
 /// does), and kills its session once `meta` is gone.
 unsafe fn watcher(meta: &OsStr) -> ! {
     libc::signal(libc::SIGCHLD, libc::SIG_IGN);
-    let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-    for fd in 0..3 {
-        libc::dup2(null, fd);
-    }
-    libc::syscall(libc::SYS_close_range, 3, libc::c_uint::MAX, 0);
+    stdio_to_null();
+    close_from(3);
     loop {
         std::thread::sleep(LOOK_EVERY);
         if gone(meta) {
